@@ -1,0 +1,68 @@
+"""Uniform ring replay buffer as pure functions over a typed pytree.
+
+One buffer is a single-member object; a per-member population of buffers is
+``jax.vmap(buffer.add)`` over stacked states, and a shared buffer is one state fed with
+the transitions of all members (flattened to ``[pop * envs]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from popjax.types import Key, PyTree
+
+
+@struct.dataclass
+class BufferState:
+    data: PyTree  # every leaf [capacity, ...], dtype of the example item
+    insert_pos: jax.Array  # int32, next row to write
+    size: jax.Array  # int32, number of valid rows (<= capacity)
+
+
+class Buffer(NamedTuple):
+    init: Callable[[PyTree], BufferState]
+    add: Callable[[BufferState, PyTree], BufferState]
+    sample: Callable[[Key, BufferState], PyTree]
+    can_sample: Callable[[BufferState], jax.Array]
+    capacity: int
+    batch_size: int
+
+
+def make_uniform_buffer(capacity: int, batch_size: int) -> Buffer:
+    """A ring buffer of ``capacity`` rows that samples ``batch_size`` rows uniformly.
+
+    ``add`` takes a batch of items with a leading axis (any length <= capacity); older rows
+    are overwritten first. ``sample`` draws only among valid rows.
+    """
+    if capacity <= 0 or batch_size <= 0:
+        raise ValueError(f"capacity and batch_size must be positive, got {capacity} and {batch_size}")
+
+    def init(example_item: PyTree) -> BufferState:
+        data = jax.tree.map(lambda x: jnp.zeros((capacity,) + jnp.shape(x), jnp.asarray(x).dtype), example_item)
+        return BufferState(data=data, insert_pos=jnp.zeros((), jnp.int32), size=jnp.zeros((), jnp.int32))
+
+    def add(state: BufferState, items: PyTree) -> BufferState:
+        n = jax.tree.leaves(items)[0].shape[0]
+        if n > capacity:
+            raise ValueError(f"cannot add {n} rows to a buffer of capacity {capacity}")
+        rows = (state.insert_pos + jnp.arange(n)) % capacity
+        data = jax.tree.map(lambda buf, x: buf.at[rows].set(x.astype(buf.dtype)), state.data, items)
+        return BufferState(
+            data=data,
+            insert_pos=(state.insert_pos + n) % capacity,
+            size=jnp.minimum(state.size + n, capacity),
+        )
+
+    def sample(key: Key, state: BufferState) -> PyTree:
+        idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(state.size, 1))
+        return jax.tree.map(lambda buf: buf[idx], state.data)
+
+    def can_sample(state: BufferState) -> jax.Array:
+        return state.size >= batch_size
+
+    return Buffer(init, add, sample, can_sample, capacity, batch_size)

@@ -1,0 +1,107 @@
+"""The JAX-path environment interface and its batched auto-reset wrapper.
+
+A ``JaxEnv`` is a pair of pure single-environment functions. ``VecEnv`` runs ``n`` of them
+vmapped, tracks episode time for truncation and resets finished episodes, returning the
+true ``next_obs`` of the finished episode for the TD target (truncation bootstraps,
+termination does not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from popjax.types import EnvSpec, Key
+
+
+class JaxEnv(NamedTuple):
+    """reset(key) -> (env_state, obs); step(env_state, action) -> (env_state, obs, reward, terminated).
+
+    ``action`` is already in the env's native units: ``to_native`` maps the learner's
+    [-1, 1] actions to them (identity for discrete envs).
+    """
+
+    spec: EnvSpec
+    reset: Callable[[Key], tuple[Any, jax.Array]]
+    step: Callable[[Any, jax.Array], tuple[Any, jax.Array, jax.Array, jax.Array]]
+
+
+def to_native(spec: EnvSpec, action: jax.Array):
+    """Maps a learner action in [-1, 1] to the env's native bounds (identity if discrete)."""
+    if spec.discrete:
+        return action
+    low = jnp.asarray(spec.action_low, jnp.float32)
+    high = jnp.asarray(spec.action_high, jnp.float32)
+    return low + 0.5 * (action + 1.0) * (high - low)
+
+
+@struct.dataclass
+class VecEnvState:
+    inner: Any  # [n, ...] env states
+    obs: jax.Array  # [n, *obs_shape]
+    t: jax.Array  # [n] int32 steps in the current episode
+    episode_return: jax.Array  # [n] float32 return so far
+
+
+class StepOutput(NamedTuple):
+    next_obs: jax.Array  # true observation after the action (before any reset)
+    reward: jax.Array
+    terminated: jax.Array  # float32, 1.0 = no bootstrap
+    truncated: jax.Array  # float32, time limit hit
+    finished_return: jax.Array  # episode return where an episode ended, else 0
+    done: jax.Array  # bool, terminated or truncated
+
+
+class VecEnv(NamedTuple):
+    spec: EnvSpec
+    reset: Callable[[Key, int], VecEnvState]
+    step: Callable[[Key, VecEnvState, jax.Array], tuple[VecEnvState, StepOutput]]
+
+
+def make_vec_env(env: JaxEnv) -> VecEnv:
+    """Batched, auto-resetting version of ``env`` (batch size fixed by ``reset``)."""
+    spec = env.spec
+    v_reset = jax.vmap(env.reset)
+    v_step = jax.vmap(env.step)
+
+    def reset(key: Key, n: int) -> VecEnvState:
+        inner, obs = v_reset(jax.random.split(key, n))
+        return VecEnvState(inner, obs, jnp.zeros(n, jnp.int32), jnp.zeros(n, jnp.float32))
+
+    def step(key: Key, state: VecEnvState, action: jax.Array) -> tuple[VecEnvState, StepOutput]:
+        inner, next_obs, reward, terminated = v_step(state.inner, to_native(spec, action))
+        reward = reward.astype(jnp.float32)
+        terminated = terminated.astype(bool)
+        t = state.t + 1
+        truncated = (t >= spec.max_episode_steps) & ~terminated
+        done = terminated | truncated
+        episode_return = state.episode_return + reward
+
+        def reset_done(_):
+            fresh_inner, fresh_obs = v_reset(jax.random.split(key, done.shape[0]))
+            mask = lambda a, b: jnp.where(done.reshape(done.shape + (1,) * (a.ndim - 1)), a, b)
+            return jax.tree.map(mask, fresh_inner, inner), mask(fresh_obs, next_obs)
+
+        # The cond is on the whole batch, so resets cost nothing on steps where no episode ends.
+        inner, obs = jax.lax.cond(done.any(), reset_done, lambda _: (inner, next_obs), None)
+        new_state = VecEnvState(
+            inner=inner,
+            obs=obs,
+            t=jnp.where(done, 0, t),
+            episode_return=jnp.where(done, 0.0, episode_return),
+        )
+        out = StepOutput(
+            next_obs=next_obs,
+            reward=reward,
+            terminated=terminated.astype(jnp.float32),
+            truncated=truncated.astype(jnp.float32),
+            finished_return=jnp.where(done, episode_return, 0.0),
+            done=done,
+        )
+        return new_state, out
+
+    return VecEnv(spec, reset, step)

@@ -1,0 +1,74 @@
+"""The learner contract and the small pure helpers every learner shares."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from popjax.types import EnvSpec, Key, Metrics, PyTree, Transition
+
+
+class Learner(NamedTuple):
+    """Pure single-member functions; population code vmaps them over axis 0.
+
+    init(key, hparams) -> state
+    update(key, state, batch, hparams) -> (state, metrics)     # ONE member, one gradient step
+    act(key, state, obs, hparams) -> action                    # exploration (obs may be batched)
+    policy(state, obs) -> action                                # greedy / evaluation
+    """
+
+    init: Callable[[Key, Any], Any]
+    update: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]]
+    act: Callable[[Key, Any, jax.Array, Any], jax.Array]
+    policy: Callable[[Any, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerDef:
+    """Registry entry: how to build a learner by name."""
+
+    name: str
+    config_cls: type
+    hparams_cls: type
+    make: Callable[[Any, EnvSpec], Learner]
+    default_hparams: Callable[[Any], Any]
+    action_kind: str  # "continuous" or "discrete"
+
+
+# Adam without its learning rate: `params - lr * scale_by_adam(grads)` equals Adam(lr)
+# exactly, and keeps lr a traced per-member value (no optimizer rebuilt per member).
+_ADAM = optax.scale_by_adam()
+
+
+def adam_init(params: PyTree) -> optax.OptState:
+    return _ADAM.init(params)
+
+
+def adam_step(params: PyTree, grads: PyTree, opt_state: optax.OptState, lr: jax.Array):
+    """One Adam step with a traced learning rate. Returns ``(params, opt_state)``."""
+    updates, opt_state = _ADAM.update(grads, opt_state, params)
+    params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
+    return params, opt_state
+
+
+def polyak(target: PyTree, online: PyTree, tau: jax.Array) -> PyTree:
+    """target <- (1 - tau) * target + tau * online."""
+    return jax.tree.map(lambda t, o: t + tau * (o - t), target, online)
+
+
+def select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
+    """Leafwise ``where`` on a scalar predicate.
+
+    Used instead of ``lax.cond`` for member-dependent predicates: under vmap a cond
+    becomes a select anyway, and this keeps both branches' dtypes identical.
+    """
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+def scalar(value, dtype=jnp.float32) -> jax.Array:
+    return jnp.asarray(value, dtype)

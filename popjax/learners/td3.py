@@ -1,0 +1,147 @@
+"""TD3 (Fujimoto et al. 2018) as a pure single-member learner.
+
+popjax default = the original TD3: one target y per step (one smoothing-noise draw) for
+both critics, the deterministic policy gradient on ``obs`` through critic 1, and all
+targets Polyak-averaged on policy steps only. The policy delay is a traced integer
+hparam (``policy_delay``): under vmap a member-dependent branch is a select anyway, so
+the gate costs nothing extra and PBT may tune the delay without recompiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from popjax.learners.base import Learner, LearnerDef, adam_init, adam_step, polyak, scalar, select
+from popjax.networks.mlp import DeterministicActor, TwinCritic
+from popjax.types import EnvSpec, Key, PyTree, Transition
+
+
+@dataclasses.dataclass(frozen=True)
+class TD3Config:
+    hidden: tuple[int, ...] = (256, 256)
+    batch_size: int = 256
+
+
+@struct.dataclass
+class TD3HParams:
+    actor_lr: jax.Array
+    critic_lr: jax.Array
+    discount: jax.Array
+    tau: jax.Array
+    exploration_noise: jax.Array
+    target_noise: jax.Array
+    noise_clip: jax.Array
+    policy_delay: jax.Array  # int32 >= 1
+
+
+@struct.dataclass
+class TD3State:
+    actor: PyTree
+    critic: PyTree
+    target_actor: PyTree
+    target_critic: PyTree
+    actor_opt: PyTree
+    critic_opt: PyTree
+    steps: jax.Array  # int32, critic updates done
+
+
+def default_hparams(config: TD3Config | None = None) -> TD3HParams:
+    """The paper defaults (Fujimoto et al. 2018; fast-PBT reference §3.1)."""
+    return TD3HParams(
+        actor_lr=scalar(3e-4),
+        critic_lr=scalar(3e-4),
+        discount=scalar(0.99),
+        tau=scalar(0.005),
+        exploration_noise=scalar(0.1),
+        target_noise=scalar(0.2),
+        noise_clip=scalar(0.5),
+        policy_delay=scalar(2, jnp.int32),
+    )
+
+
+def critic_loss_fn(critic_params, critic_net, batch: Transition, target_q: jax.Array):
+    """Sum over the twin critics of the mean squared TD error."""
+    q = critic_net.apply(critic_params, batch.obs, batch.action)  # [2, B]
+    return jnp.sum(jnp.mean((q - target_q) ** 2, axis=-1)), q
+
+
+def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
+    actor_net = DeterministicActor(config.hidden, spec.action_dim)
+    critic_net = TwinCritic(config.hidden)
+
+    def init(key: Key, hparams: TD3HParams) -> TD3State:
+        del hparams
+        key_actor, key_critic = jax.random.split(key)
+        obs = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
+        action = jnp.zeros((1, spec.action_dim), jnp.float32)
+        actor = actor_net.init(key_actor, obs)
+        critic = critic_net.init(key_critic, obs, action)
+        return TD3State(
+            actor=actor,
+            critic=critic,
+            target_actor=actor,
+            target_critic=critic,
+            actor_opt=adam_init(actor),
+            critic_opt=adam_init(critic),
+            steps=jnp.zeros((), jnp.int32),
+        )
+
+    def target_q(key: Key, state: TD3State, batch: Transition, hp: TD3HParams) -> jax.Array:
+        noise = hp.target_noise * jax.random.normal(key, batch.action.shape)
+        noise = jnp.clip(noise, -hp.noise_clip, hp.noise_clip)
+        next_action = jnp.clip(actor_net.apply(state.target_actor, batch.next_obs) + noise, -1.0, 1.0)
+        next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action).min(axis=0)
+        return batch.reward + hp.discount * (1.0 - batch.terminated) * next_q
+
+    def actor_loss_fn(actor_params, critic_params, obs):
+        action = actor_net.apply(actor_params, obs)
+        return -critic_net.apply(critic_params, obs, action)[0].mean()
+
+    def update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams):
+        y = jax.lax.stop_gradient(target_q(key, state, batch, hp))
+        (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
+            state.critic, critic_net, batch, y
+        )
+        critic, critic_opt = adam_step(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
+
+        actor_loss, actor_grads = jax.value_and_grad(actor_loss_fn)(state.actor, critic, batch.obs)
+        actor, actor_opt = adam_step(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
+        is_policy_step = (state.steps + 1) % hp.policy_delay == 0
+        actor, actor_opt = select(is_policy_step, (actor, actor_opt), (state.actor, state.actor_opt))
+        target_actor = select(is_policy_step, polyak(state.target_actor, actor, hp.tau), state.target_actor)
+        target_critic = select(is_policy_step, polyak(state.target_critic, critic, hp.tau), state.target_critic)
+
+        new_state = TD3State(
+            actor=actor,
+            critic=critic,
+            target_actor=target_actor,
+            target_critic=target_critic,
+            actor_opt=actor_opt,
+            critic_opt=critic_opt,
+            steps=state.steps + 1,
+        )
+        metrics = {"critic_loss": critic_loss, "actor_loss": actor_loss, "q_mean": q.mean()}
+        return new_state, metrics
+
+    def policy(state: TD3State, obs: jax.Array) -> jax.Array:
+        return actor_net.apply(state.actor, obs)
+
+    def act(key: Key, state: TD3State, obs: jax.Array, hp: TD3HParams) -> jax.Array:
+        action = policy(state, obs)
+        return jnp.clip(action + hp.exploration_noise * jax.random.normal(key, action.shape), -1.0, 1.0)
+
+    return Learner(init=init, update=update, act=act, policy=policy)
+
+
+DEFINITION = LearnerDef(
+    name="td3",
+    config_cls=TD3Config,
+    hparams_cls=TD3HParams,
+    make=make_td3,
+    default_hparams=default_hparams,
+    action_kind="continuous",
+)

@@ -1,0 +1,75 @@
+"""Core types shared by learners, buffers, environments and drivers."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+Key = jax.Array
+Metrics = dict[str, jax.Array]
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Static description of an environment, identical for the gym and JAX paths.
+
+    Continuous actions are always exposed to learners in ``[-1, 1]^action_dim``; the
+    environment adapter rescales them to the native bounds (``action_low``/``action_high``).
+    """
+
+    name: str
+    obs_shape: tuple[int, ...]
+    action_dim: int = 0  # continuous envs
+    num_actions: int = 0  # discrete envs
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+    max_episode_steps: int = 1000
+
+    @property
+    def discrete(self) -> bool:
+        return self.num_actions > 0
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        return () if self.discrete else (self.action_dim,)
+
+    @property
+    def action_dtype(self):
+        return jnp.int32 if self.discrete else jnp.float32
+
+    def describe_actions(self) -> str:
+        if self.discrete:
+            return f"{self.num_actions} discrete actions"
+        return f"continuous actions of dimension {self.action_dim}"
+
+
+@struct.dataclass
+class Transition:
+    """One environment transition (any leading batch axes).
+
+    ``terminated`` is 1.0 only for a true terminal state (no bootstrap); a time-limit
+    truncation keeps ``terminated = 0`` and ``next_obs`` is the real last observation,
+    so the TD target still bootstraps from it.
+    """
+
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    next_obs: jax.Array
+    terminated: jax.Array
+
+
+def dummy_transition(spec: EnvSpec) -> Transition:
+    """A zero transition with the shapes and dtypes of ``spec`` (no batch axis)."""
+    return Transition(
+        obs=jnp.zeros(spec.obs_shape, jnp.float32),
+        action=jnp.zeros(spec.action_shape, spec.action_dtype),
+        reward=jnp.zeros((), jnp.float32),
+        next_obs=jnp.zeros(spec.obs_shape, jnp.float32),
+        terminated=jnp.zeros((), jnp.float32),
+    )
