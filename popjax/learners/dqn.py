@@ -1,0 +1,145 @@
+"""DQN (Mnih et al. 2015) with double-Q (van Hasselt et al. 2016) and dueling (Wang et al.
+2016) options, as a pure single-member learner.
+
+- TD target: ``y = r + gamma * (1 - terminated) * Q_target(s', a*)`` with
+  ``a* = argmax_a Q_online(s', a)`` when ``double_q`` (the default) and
+  ``a* = argmax_a Q_target(s', a)`` (i.e. ``max_a Q_target``) otherwise.
+- Loss: ``mean_batch(huber_1(Q(s, a) - y))`` (delta = 1, as Nature DQN's error clipping and
+  SB3's smooth-L1) when ``huber``, else ``mean_batch((Q(s, a) - y)^2)`` (CleanRL's MSE).
+- Target network: hard copy of the online parameters every ``target_update_period``
+  updates (static period; the predicate depends on the member's own counter, so under
+  vmap it is a select, as for the TD3 policy delay).
+- Exploration: epsilon-greedy. ``State`` only changes in ``update``, so the schedule is a
+  function of the **update** counter ``state.steps``: epsilon decays linearly from
+  ``epsilon_start`` to ``epsilon_end`` over ``epsilon_decay_steps`` updates, then stays at
+  ``epsilon_end``. A driver that does ``k`` env steps per update should divide an
+  env-step horizon by ``k``.
+
+Defaults are not from the fast-PBT paper (it reports no DQN training run, population-core
+reference §3.3); each one below names its source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from popjax.learners.base import Learner, LearnerDef, adam_init, adam_step, scalar, select
+from popjax.networks.mlp import QNetwork
+from popjax.types import EnvSpec, Key, PyTree, Transition
+
+
+@dataclasses.dataclass(frozen=True)
+class DQNConfig:
+    hidden: tuple[int, ...] = (256, 256)  # SB3 rl-zoo CartPole net_arch
+    batch_size: int = 128  # CleanRL dqn.py (CartPole-v1)
+    double_q: bool = True
+    dueling: bool = False
+    cnn: bool = False  # Nature CNN torso for [84, 84, 4] frames
+    target_update_period: int = 500  # CleanRL's target_network_frequency value, counted in updates here
+    huber: bool = True
+
+
+@struct.dataclass
+class DQNHParams:
+    lr: jax.Array
+    discount: jax.Array
+    epsilon_start: jax.Array
+    epsilon_end: jax.Array
+    epsilon_decay_steps: jax.Array  # float32, in updates
+
+
+@struct.dataclass
+class DQNState:
+    params: PyTree
+    target_params: PyTree
+    opt: PyTree
+    steps: jax.Array  # int32, updates done (also drives the epsilon schedule)
+
+
+def default_hparams(config: DQNConfig | None = None) -> DQNHParams:
+    """CleanRL ``dqn.py`` CartPole-v1 defaults, except the decay horizon (popjax choice)."""
+    del config
+    return DQNHParams(
+        lr=scalar(2.5e-4),  # CleanRL dqn.py
+        discount=scalar(0.99),  # CleanRL dqn.py / Nature DQN
+        epsilon_start=scalar(1.0),  # CleanRL dqn.py
+        epsilon_end=scalar(0.05),  # CleanRL dqn.py
+        epsilon_decay_steps=scalar(10_000.0),  # popjax: 10k updates
+    )
+
+
+def epsilon(hp: DQNHParams, steps: jax.Array) -> jax.Array:
+    """Linear schedule over updates: ``epsilon_start`` at 0, ``epsilon_end`` from ``epsilon_decay_steps`` on.
+
+    A decay horizon below one update is treated as one (no division by zero).
+    """
+    frac = jnp.clip(steps.astype(jnp.float32) / jnp.maximum(hp.epsilon_decay_steps, 1.0), 0.0, 1.0)
+    return hp.epsilon_start + frac * (hp.epsilon_end - hp.epsilon_start)
+
+
+def make_dqn(config: DQNConfig, spec: EnvSpec) -> Learner:
+    q_net = QNetwork(config.hidden, spec.num_actions, dueling=config.dueling, cnn=config.cnn)
+
+    def init(key: Key, hparams: DQNHParams) -> DQNState:
+        del hparams
+        params = q_net.init(key, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
+        return DQNState(
+            params=params,
+            target_params=params,
+            opt=adam_init(params),
+            steps=jnp.zeros((), jnp.int32),
+        )
+
+    def td_target(state: DQNState, batch: Transition, hp: DQNHParams) -> jax.Array:
+        next_q_target = q_net.apply(state.target_params, batch.next_obs)  # [B, A]
+        if config.double_q:
+            next_action = jnp.argmax(q_net.apply(state.params, batch.next_obs), axis=-1)
+        else:
+            next_action = jnp.argmax(next_q_target, axis=-1)
+        next_q = jnp.take_along_axis(next_q_target, next_action[..., None], axis=-1)[..., 0]
+        return batch.reward + hp.discount * (1.0 - batch.terminated) * next_q
+
+    def loss_fn(params, batch: Transition, y: jax.Array):
+        q_all = q_net.apply(params, batch.obs)
+        q = jnp.take_along_axis(q_all, batch.action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        td = q - y
+        loss = optax.huber_loss(td, delta=1.0) if config.huber else td**2
+        return jnp.mean(loss), q
+
+    def update(key: Key, state: DQNState, batch: Transition, hp: DQNHParams):
+        del key  # the update is deterministic; randomness enters only in `act`
+        y = jax.lax.stop_gradient(td_target(state, batch, hp))
+        (loss, q), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, y)
+        params, opt = adam_step(state.params, grads, state.opt, hp.lr)
+        steps = state.steps + 1
+        target_params = select(steps % config.target_update_period == 0, params, state.target_params)
+        new_state = DQNState(params=params, target_params=target_params, opt=opt, steps=steps)
+        metrics = {"loss": loss, "q_mean": q.mean(), "epsilon": epsilon(hp, steps)}
+        return new_state, metrics
+
+    def policy(state: DQNState, obs: jax.Array) -> jax.Array:
+        return jnp.argmax(q_net.apply(state.params, obs), axis=-1).astype(jnp.int32)
+
+    def act(key: Key, state: DQNState, obs: jax.Array, hp: DQNHParams) -> jax.Array:
+        key_explore, key_action = jax.random.split(key)
+        greedy = policy(state, obs)
+        random_action = jax.random.randint(key_action, greedy.shape, 0, spec.num_actions, jnp.int32)
+        explore = jax.random.uniform(key_explore, greedy.shape) < epsilon(hp, state.steps)
+        return jnp.where(explore, random_action, greedy)
+
+    return Learner(init=init, update=update, act=act, policy=policy)
+
+
+DEFINITION = LearnerDef(
+    name="dqn",
+    config_cls=DQNConfig,
+    hparams_cls=DQNHParams,
+    make=make_dqn,
+    default_hparams=default_hparams,
+    action_kind="discrete",
+)

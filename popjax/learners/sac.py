@@ -1,0 +1,210 @@
+"""SAC with automatic entropy tuning (Haarnoja et al. 2018b) as a pure single-member learner.
+
+One gradient step per ``update``, in the order critic -> actor -> alpha (the order of the
+fast-PBT reference code, population-core reference §3.2):
+
+- critic: ``0.5 * mean_batch((Q_i(s, a) - y)^2)`` **summed** over the two heads, with
+  ``y = r * reward_scale + gamma * (1 - terminated) * (min_i Q'_i(s', a') - alpha * log pi(a'|s'))``,
+  ``a' ~ pi(.|s')`` drawn from the *online* policy and ``Q'`` the target critic. The
+  release code of the reference applies gamma twice and has no terminal mask; popjax does
+  not copy that bug (tests/test_sac.py guards it).
+- actor: ``mean(alpha * log pi(a|s) - min_i Q_i(s, a))`` with ``a ~ pi(.|s)`` reparameterised,
+  through the critic that was just updated.
+- alpha: the log-alpha form ``mean(-log_alpha * sg(log pi(a|s) + target_entropy))`` (SB3,
+  CleanRL, rlkit), using the log-probabilities of the actor-step sample (drawn from the
+  pre-update actor, so no extra forward pass). The reference code uses the alpha form
+  ``mean(alpha * sg(-log pi - target_entropy))``, whose gradient is this one times alpha.
+  ``target_entropy = -target_entropy_scale * action_dim``.
+- target critic: Polyak with ``tau`` every step.
+
+Every step uses the alpha of the incoming state (the pre-update value) for the critic
+target and the actor loss. Randomness: ``key_next, key_actor = jax.random.split(key)``;
+``key_next`` draws the standard-normal noise of ``a'``, ``key_actor`` that of ``a``
+(shape ``[B, action_dim]`` each); the hand-computed tests rely on this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from popjax.learners.base import Learner, LearnerDef, adam_init, adam_step, polyak, scalar
+from popjax.networks.mlp import GaussianActor, TwinCritic
+from popjax.types import EnvSpec, Key, PyTree, Transition
+
+_LOG2 = math.log(2.0)
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+@dataclasses.dataclass(frozen=True)
+class SACConfig:
+    hidden: tuple[int, ...] = (256, 256)
+    batch_size: int = 256
+
+
+@struct.dataclass
+class SACHParams:
+    actor_lr: jax.Array
+    critic_lr: jax.Array
+    alpha_lr: jax.Array
+    discount: jax.Array
+    tau: jax.Array
+    reward_scale: jax.Array
+    target_entropy_scale: jax.Array  # target entropy = -scale * action_dim
+
+
+@struct.dataclass
+class SACState:
+    actor: PyTree
+    critic: PyTree
+    target_critic: PyTree
+    actor_opt: PyTree
+    critic_opt: PyTree
+    log_alpha: jax.Array  # float32 scalar, initialised to 0 (alpha = 1)
+    alpha_opt: PyTree
+    steps: jax.Array  # int32, updates done
+
+
+def default_hparams(config: SACConfig | None = None) -> SACHParams:
+    """The reference defaults (Haarnoja et al. 2018; fast-PBT reference §3.2)."""
+    del config
+    return SACHParams(
+        actor_lr=scalar(3e-4),
+        critic_lr=scalar(3e-4),
+        alpha_lr=scalar(3e-4),
+        discount=scalar(0.99),
+        tau=scalar(0.005),
+        reward_scale=scalar(1.0),
+        target_entropy_scale=scalar(1.0),
+    )
+
+
+def squashed_gaussian(mean: jax.Array, log_std: jax.Array, noise: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Reparameterised sample of ``tanh(N(mean, std^2))`` and its log-density.
+
+    Args:
+      mean, log_std: ``[..., action_dim]`` parameters of the pre-tanh Gaussian.
+      noise: standard-normal draws of the same shape.
+
+    Returns:
+      ``(action, log_prob)`` with ``action`` in ``(-1, 1)`` and ``log_prob`` summed over the
+      last axis. The change of variables uses
+      ``log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u))``, which stays finite where
+      ``tanh(u)`` rounds to +-1 (the naive form gives ``log 0``).
+    """
+    u = mean + jnp.exp(log_std) * noise
+    gaussian_log_prob = -0.5 * noise**2 - log_std - _HALF_LOG_2PI
+    log_det = 2.0 * (_LOG2 - u - jax.nn.softplus(-2.0 * u))
+    return jnp.tanh(u), jnp.sum(gaussian_log_prob - log_det, axis=-1)
+
+
+def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
+    actor_net = GaussianActor(config.hidden, spec.action_dim)
+    critic_net = TwinCritic(config.hidden)
+
+    def init(key: Key, hparams: SACHParams) -> SACState:
+        del hparams
+        key_actor, key_critic = jax.random.split(key)
+        obs = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
+        action = jnp.zeros((1, spec.action_dim), jnp.float32)
+        actor = actor_net.init(key_actor, obs)
+        critic = critic_net.init(key_critic, obs, action)
+        log_alpha = jnp.zeros((), jnp.float32)
+        return SACState(
+            actor=actor,
+            critic=critic,
+            target_critic=critic,
+            actor_opt=adam_init(actor),
+            critic_opt=adam_init(critic),
+            log_alpha=log_alpha,
+            alpha_opt=adam_init(log_alpha),
+            steps=jnp.zeros((), jnp.int32),
+        )
+
+    def sample(key: Key, actor_params: PyTree, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        mean, log_std = actor_net.apply(actor_params, obs)
+        return squashed_gaussian(mean, log_std, jax.random.normal(key, mean.shape))
+
+    def critic_loss_fn(critic_params, batch: Transition, y: jax.Array):
+        q = critic_net.apply(critic_params, batch.obs, batch.action)  # [2, B]
+        return 0.5 * jnp.sum(jnp.mean((q - y) ** 2, axis=-1)), q
+
+    def actor_loss_fn(actor_params, critic_params, obs, alpha, key):
+        action, log_prob = sample(key, actor_params, obs)
+        q = critic_net.apply(critic_params, obs, action).min(axis=0)
+        return jnp.mean(alpha * log_prob - q), log_prob
+
+    def alpha_loss_fn(log_alpha, log_prob, target_entropy):
+        return jnp.mean(-log_alpha * jax.lax.stop_gradient(log_prob + target_entropy))
+
+    def update(key: Key, state: SACState, batch: Transition, hp: SACHParams):
+        key_next, key_actor = jax.random.split(key)
+        alpha = jnp.exp(state.log_alpha)
+        target_entropy = -hp.target_entropy_scale * spec.action_dim
+
+        # Critic (the target uses the online policy at s' and the target critic).
+        next_action, next_log_prob = sample(key_next, state.actor, batch.next_obs)
+        next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action).min(axis=0)
+        y = batch.reward * hp.reward_scale + hp.discount * (1.0 - batch.terminated) * (
+            next_q - alpha * next_log_prob
+        )
+        y = jax.lax.stop_gradient(y)
+        (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
+            state.critic, batch, y
+        )
+        critic, critic_opt = adam_step(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
+
+        # Actor, through the just-updated critic.
+        (actor_loss, log_prob), actor_grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(
+            state.actor, critic, batch.obs, alpha, key_actor
+        )
+        actor, actor_opt = adam_step(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
+
+        # Temperature.
+        alpha_loss, alpha_grad = jax.value_and_grad(alpha_loss_fn)(state.log_alpha, log_prob, target_entropy)
+        log_alpha, alpha_opt = adam_step(state.log_alpha, alpha_grad, state.alpha_opt, hp.alpha_lr)
+
+        new_state = SACState(
+            actor=actor,
+            critic=critic,
+            target_critic=polyak(state.target_critic, critic, hp.tau),
+            actor_opt=actor_opt,
+            critic_opt=critic_opt,
+            log_alpha=log_alpha,
+            alpha_opt=alpha_opt,
+            steps=state.steps + 1,
+        )
+        metrics = {
+            "critic_loss": critic_loss,
+            "actor_loss": actor_loss,
+            "alpha_loss": alpha_loss,
+            "alpha": alpha,
+            "entropy": -jnp.mean(log_prob),
+            "q_mean": q.mean(),
+        }
+        return new_state, metrics
+
+    def policy(state: SACState, obs: jax.Array) -> jax.Array:
+        mean, _ = actor_net.apply(state.actor, obs)
+        return jnp.tanh(mean)
+
+    def act(key: Key, state: SACState, obs: jax.Array, hp: SACHParams) -> jax.Array:
+        del hp
+        action, _ = sample(key, state.actor, obs)
+        return action
+
+    return Learner(init=init, update=update, act=act, policy=policy)
+
+
+DEFINITION = LearnerDef(
+    name="sac",
+    config_cls=SACConfig,
+    hparams_cls=SACHParams,
+    make=make_sac,
+    default_hparams=default_hparams,
+    action_kind="continuous",
+)
