@@ -1,0 +1,159 @@
+"""The run configuration: one validated, fully resolved description of an experiment.
+
+Every check runs before anything is compiled, and every failure is a ``ConfigError`` with
+one line naming the field, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+DRIVERS = ("independent", "pbt", "cemrl", "dvd")
+
+
+class ConfigError(ValueError):
+    """A user error in the run configuration (reported without a traceback)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    learner: str = "td3"
+    env: str = "probe:pendulum"
+    driver: str = "independent"
+    pop_size: int = 4
+    seed: int = 0
+    total_env_steps: int = 20_000  # per member
+    envs_per_member: int = 1
+    rollout_len: int = 50  # env steps per env between two compiled training calls
+    update_ratio: float = 1.0  # gradient steps per env step, per member
+    warmup_steps: int = 1_000  # per member, uniform random actions, no updates
+    batch_size: int = 256
+    buffer_size: int = 100_000  # per member (shared buffers: in total)
+    eval_interval: int = 5_000  # env steps per member
+    eval_episodes: int = 5
+    learner_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    hparams: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    search_space: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    pbt: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    cemrl: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    dvd: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    devices: int = 1
+    checkpoint_interval: int = 0  # env steps per member between checkpoints; 0 = at evaluations only
+    progress: bool = True
+    tensorboard: bool = False
+
+    @property
+    def updates_per_iter(self) -> int:
+        """K: gradient steps per member per compiled training call."""
+        return max(1, round(self.rollout_len * self.envs_per_member * self.update_ratio))
+
+    @property
+    def steps_per_iter(self) -> int:
+        """Env steps per member per iteration."""
+        return self.rollout_len * self.envs_per_member
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _plain(value):
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+_POSITIVE = ("pop_size", "total_env_steps", "envs_per_member", "rollout_len", "batch_size", "buffer_size",
+             "eval_interval", "eval_episodes", "devices")
+_NON_NEGATIVE = ("seed", "warmup_steps", "checkpoint_interval")
+
+
+def _coerce(name: str, value: Any, kind: type) -> Any:
+    """Converts ``value`` to ``kind`` where that is lossless (``1e6`` -> 1000000), else raises."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif kind is int:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+                and float(value).is_integer():
+            return int(value)
+    elif kind is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+    elif isinstance(value, Mapping):
+        return dict(value)
+    raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r} ({type(value).__name__})")
+
+
+def make_config(**options: Any) -> RunConfig:
+    """Builds and validates a RunConfig from keyword options (as from the API, CLI or YAML)."""
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; allowed: {', '.join(fields)}")
+    kinds = {name: _field_kind(f) for name, f in fields.items()}
+    values = {name: _coerce(name, v, kinds[name]) for name, v in options.items() if v is not None}
+    config = RunConfig(**values)
+    validate(config)
+    return config
+
+
+def _field_kind(field: dataclasses.Field) -> type:
+    annotation = str(field.type)
+    for name, kind in (("Mapping", dict), ("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if annotation.startswith(name):
+            return kind
+    raise TypeError(f"no coercion for {field.name}: {annotation}")
+
+
+def validate(config: RunConfig) -> None:
+    """Static checks that need no environment or compilation."""
+    from popjax.envs.registry import parse
+    from popjax.learners import LEARNERS
+
+    if config.learner not in LEARNERS:
+        raise ConfigError(f"learner: {config.learner!r} unknown; allowed: {', '.join(LEARNERS)}")
+    if config.driver not in DRIVERS:
+        raise ConfigError(f"driver: {config.driver!r} unknown; allowed: {', '.join(DRIVERS)}")
+    try:
+        parse(config.env)
+    except ValueError as err:
+        raise ConfigError(f"env: {err}") from None
+    for name in _POSITIVE:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{name}: must be a positive integer, got {getattr(config, name)}")
+    for name in _NON_NEGATIVE:
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name}: must be >= 0, got {getattr(config, name)}")
+    if not config.update_ratio > 0:
+        raise ConfigError(f"update_ratio: must be > 0, got {config.update_ratio}")
+    if config.pop_size % config.devices:
+        raise ConfigError(f"pop_size: {config.pop_size} members do not divide over devices={config.devices}; "
+                          f"use a multiple of {config.devices}")
+    if config.batch_size > config.buffer_size:
+        raise ConfigError(f"batch_size: {config.batch_size} is larger than buffer_size {config.buffer_size}")
+    if config.steps_per_iter > config.buffer_size:
+        raise ConfigError(f"buffer_size: {config.buffer_size} is smaller than one iteration's "
+                          f"{config.steps_per_iter} transitions (rollout_len x envs_per_member)")
+    if config.warmup_steps >= config.total_env_steps:
+        raise ConfigError(f"warmup_steps: {config.warmup_steps} leaves no training within "
+                          f"total_env_steps={config.total_env_steps}")

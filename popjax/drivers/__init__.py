@@ -1,0 +1,10 @@
+"""Drivers: how a population is trained (independent, pbt, ...) on top of the population functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def extra_plots(driver: str | None, run_dir) -> list[Path]:
+    """Driver-specific plots of a run directory (e.g. PBT hyperparameter schedules)."""
+    return []

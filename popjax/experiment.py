@@ -1,0 +1,292 @@
+"""``popjax.train``: a configuration in, a run directory out.
+
+The host loop here only decides when to collect, train, evaluate, log and checkpoint; all
+numerical work happens in a few compiled population-wide calls per iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from popjax.buffers import make_uniform_buffer
+from popjax.config import ConfigError, RunConfig, make_config
+from popjax.drivers.collect import HostCollector, JaxCollector
+from popjax.drivers.independent import IndependentDriver
+from popjax.drivers.population import PopState, make_population
+from popjax.envs import registry
+from popjax.envs.base import make_vec_env
+from popjax.learners import LEARNERS
+from popjax.population.hparams import Range, check_hparams, hparams_table, population_hparams
+from popjax.population.sharding import member_sharding, shard_members
+from popjax.progress import TrainProgress
+from popjax.rundir import RunDir
+
+
+@dataclasses.dataclass
+class Run:
+    """What ``train`` returns: the run directory, its summary and the final population state."""
+
+    out_dir: Path
+    summary: dict[str, Any]
+    state: PopState
+
+
+@dataclasses.dataclass
+class Setup:
+    """Everything built from a RunConfig before the first compilation."""
+
+    config: RunConfig
+    spec: Any
+    learner_config: Any
+    learner: Any
+    population: Any
+    collector: Any
+    hparams: Any
+    sharding: Any
+
+    @property
+    def jax_env(self) -> bool:
+        return isinstance(self.collector, JaxCollector)
+
+
+def build_learner_config(config: RunConfig, definition):
+    fields = {f.name for f in dataclasses.fields(definition.config_cls)}
+    unknown = sorted(set(config.learner_config) - fields)
+    if unknown:
+        raise ConfigError(f"learner_config: unknown key(s) {', '.join(unknown)} for {config.learner}; "
+                          f"allowed: {', '.join(sorted(fields))}")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.learner_config.items()}
+    if "batch_size" in fields:
+        values["batch_size"] = config.batch_size
+    try:
+        return definition.config_cls(**values)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"learner_config: {err}") from None
+
+
+def build(config: RunConfig) -> Setup:
+    """Resolves names into learner, env and population functions (no compilation)."""
+    definition = LEARNERS[config.learner]
+    try:
+        spec = registry.env_spec(config.env)
+    except ValueError as err:
+        raise ConfigError(f"env: {err}") from None
+    if (definition.action_kind == "discrete") != spec.discrete:
+        raise ConfigError(f"env: {config.learner} needs {definition.action_kind} actions but {config.env} has "
+                          f"{spec.describe_actions()}")
+    learner_config = build_learner_config(config, definition)
+    learner = definition.make(learner_config, spec)
+    try:
+        sharding = member_sharding(config.devices)
+        space = {name: Range.from_dict(r) for name, r in config.search_space.items()}
+        hparams = population_hparams(definition.default_hparams(learner_config), config.pop_size,
+                                     config.hparams, space, jax.random.fold_in(jax.random.key(config.seed), 1))
+        check_hparams(hparams)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+    buffer = make_uniform_buffer(config.buffer_size, config.batch_size)
+    population = make_population(learner, buffer, spec, config.pop_size, config.updates_per_iter)
+    if registry.is_jax_env(config.env):
+        vec_env = make_vec_env(registry.make_jax_env(config.env))
+        collector = JaxCollector(population, vec_env, config.envs_per_member, config.rollout_len)
+    else:
+        env = registry.make_host_env(config.env, config.pop_size * config.envs_per_member, config.seed)
+        eval_factory = lambda n: registry.make_host_env(config.env, n, config.seed + 10_000)
+        collector = HostCollector(population, env, eval_factory, config.envs_per_member, config.rollout_len)
+    return Setup(config, spec, learner_config, learner, population, collector, hparams, sharding)
+
+
+class Trainer:
+    """Runs the training loop of one Setup; owns the compiled steps and the loop counters."""
+
+    def __init__(self, setup: Setup, run_dir: RunDir, driver=None):
+        self.setup = setup
+        self.config = setup.config
+        self.run_dir = run_dir
+        self.driver = driver or IndependentDriver()
+        self.root_key = jax.random.key(self.config.seed)
+        self.iteration = 0
+        self.updates = 0
+        self.wall_s = 0.0
+        self.compile_s = 0.0
+        self.history: list[np.ndarray] = []  # eval returns [pop] per evaluation
+        self._compiled: dict[str, Any] = {}
+
+    # --- counters -----------------------------------------------------------------------------
+    @property
+    def env_steps(self) -> int:
+        return self.iteration * self.config.steps_per_iter
+
+    @property
+    def total_iterations(self) -> int:
+        return math.ceil(self.config.total_env_steps / self.config.steps_per_iter)
+
+    @property
+    def warmup_iterations(self) -> int:
+        return math.ceil(self.config.warmup_steps / self.config.steps_per_iter)
+
+    @property
+    def eval_every(self) -> int:
+        return max(1, self.config.eval_interval // self.config.steps_per_iter)
+
+    def key_for(self, purpose: int, iteration: int) -> jax.Array:
+        # Keys are derived from (seed, purpose, iteration): nothing random is carried between
+        # iterations, so a resumed run draws exactly the keys an uninterrupted one would.
+        return jax.random.fold_in(jax.random.fold_in(self.root_key, purpose), iteration)
+
+    # --- state --------------------------------------------------------------------------------
+    def initial_state(self):
+        s = self.setup
+        # Jitted so that every leaf is its own buffer (eager init aliases targets to params,
+        # which buffer donation rejects).
+        state = jax.jit(s.population.init)(self.key_for(0, 0), s.hparams)
+        state = shard_members(state, s.sharding)
+        env_state = s.collector.reset(self.key_for(2, 0))
+        if self.setup.jax_env:
+            env_state = shard_members(env_state, s.sharding)
+        return state, env_state
+
+    # --- compiled steps -----------------------------------------------------------------------
+    def _compile(self, name: str, fn, *args, donate=()):
+        """AOT-compiles ``fn`` once for ``args`` (compile time recorded separately from run time)."""
+        if name not in self._compiled:
+            start = time.perf_counter()
+            self._compiled[name] = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+            self.compile_s += time.perf_counter() - start
+        return self._compiled[name]
+
+    def step(self, state: PopState, env_state):
+        """One iteration: collect ``rollout_len`` steps per env, then K updates (after warm-up)."""
+        s, it = self.setup, self.iteration
+        explore = it >= self.warmup_iterations
+        key_collect, key_train = self.key_for(3, it), self.key_for(4, it)
+        metrics = None
+        if s.jax_env:
+            collector, pop = s.collector, s.population
+
+            def jax_iteration(kc, kt, state, env_state, explore=explore):
+                state, env_state, stats = collector.collect(kc, state, env_state, explore)
+                if not explore:
+                    return state, env_state, stats, {}
+                state, metrics = pop.train(kt, state)
+                return state, env_state, stats, metrics
+
+            step = self._compile(f"jax_{explore}", jax_iteration, key_collect, key_train, state, env_state,
+                                 donate=(2, 3))
+            state, env_state, _, metrics = step(key_collect, key_train, state, env_state)
+        else:
+            transitions, _ = s.collector.collect(key_collect, state, explore)
+            if explore:
+                learn = lambda kt, state, tr: s.population.train(kt, s.population.add(state, tr))
+                step = self._compile("learn", learn, key_train, state, transitions, donate=(1,))
+                state, metrics = step(key_train, state, transitions)
+            else:
+                add = self._compile("add", s.population.add, state, transitions, donate=(0,))
+                state = add(state, transitions)
+        if explore:
+            self.updates += self.config.updates_per_iter
+        self.iteration += 1
+        return state, env_state, metrics or None
+
+    def evaluate(self, state: PopState) -> np.ndarray:
+        s = self.setup
+        if s.jax_env:
+            evaluate = lambda key, state: s.collector.evaluate(key, state, self.config.eval_episodes)
+            fn = self._compile("eval", evaluate, self.key_for(5, 0), state)
+            return np.asarray(fn(self.key_for(5, self.iteration), state))
+        return np.asarray(s.collector.evaluate(state, self.config.eval_episodes))
+
+    # --- the loop -----------------------------------------------------------------------------
+    def run(self, state: PopState, env_state) -> PopState:
+        cfg = self.config
+        last_metrics: dict[str, np.ndarray] = {}
+        with TrainProgress(cfg.total_env_steps, enabled=cfg.progress, start=self.env_steps) as progress:
+            while self.iteration < self.total_iterations:
+                start = time.perf_counter()
+                compile_before = self.compile_s
+                state, env_state, metrics = self.step(state, env_state)
+                if metrics:
+                    last_metrics = {k: np.asarray(v) for k, v in metrics.items()}
+                if self.iteration % self.eval_every == 0 or self.iteration == self.total_iterations:
+                    returns = self.evaluate(state)
+                    self._log_eval(state, returns, last_metrics)
+                    state = self.driver.after_eval(self.key_for(6, self.iteration), state, jnp.asarray(returns),
+                                                   self.env_steps)
+                    progress.update_returns(returns)
+                self.wall_s += time.perf_counter() - start - (self.compile_s - compile_before)
+                progress.advance_to(self.env_steps)
+        return state
+
+    def _log_eval(self, state: PopState, returns: np.ndarray, metrics: dict[str, np.ndarray]) -> None:
+        self.history.append(returns)
+        table = hparams_table(state.hparams)
+        rows = []
+        for m, ret in enumerate(returns.tolist()):
+            row = {"env_steps": self.env_steps, "updates": self.updates, "wall_s": round(self.wall_s, 3),
+                   "member": m, "eval_return": ret}
+            row.update({name: values[m] for name, values in table.items()})
+            row.update({name: float(values[m]) for name, values in sorted(metrics.items())})
+            rows.append(row)
+        self.run_dir.append_metrics(rows)
+
+    def summary(self, state: PopState) -> dict[str, Any]:
+        cfg = self.config
+        final = self.history[-1] if self.history else np.full(cfg.pop_size, np.nan)
+        best = max((float(np.nanmax(r)) for r in self.history if np.isfinite(r).any()), default=float("nan"))
+        return {
+            "learner": cfg.learner, "env": cfg.env, "driver": cfg.driver, "pop_size": cfg.pop_size,
+            "seed": cfg.seed, "env_steps": self.env_steps, "updates": self.updates,
+            "wall_s": round(self.wall_s, 3), "compile_s": round(self.compile_s, 3),
+            "best_return": best, "final_returns": [float(r) for r in final],
+            "hparams": hparams_table(state.hparams), **self.driver.state_dict(),
+        }
+
+
+def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest", **options: Any) -> Run:
+    """Trains a population and writes its run directory.
+
+    Args:
+      config: a RunConfig; or pass its fields as keyword options
+        (``learner="td3", env="gym:Pendulum-v1", pop_size=8, total_env_steps=200_000, ...``).
+      out_dir: the run directory (config.yaml, metrics.csv, summary.json, plots/).
+
+    Returns:
+      A ``Run`` with ``summary`` (as in summary.json), ``out_dir`` and the final ``state``.
+
+    Raises:
+      ConfigError: invalid options, raised before anything is compiled.
+    """
+    if config is None:
+        config = make_config(**options)
+    elif options:
+        config = make_config(**{**config.to_dict(), **options})
+    setup = build(config)
+    run_dir = RunDir(out_dir)
+    run_dir.write_config(config.to_dict())
+    trainer = Trainer(setup, run_dir, make_driver(setup))
+    state, env_state = trainer.initial_state()
+    state = trainer.run(state, env_state)
+    summary = trainer.summary(state)
+    run_dir.write_summary(summary)
+    from popjax.plots import plot_run
+
+    plot_run(run_dir.path)
+    if not setup.jax_env:
+        setup.collector.close()
+    return Run(run_dir.path, summary, state)
+
+
+def make_driver(setup: Setup):
+    name = setup.config.driver
+    if name == "independent":
+        return IndependentDriver()
+    raise ConfigError(f"driver: {name!r} is not available yet")
