@@ -1,0 +1,17 @@
+"""popjax: train populations of deep-RL agents fast (pure learners, vmapped and jitted).
+
+Public API::
+
+    import popjax
+    run = popjax.train(learner="td3", env="gym:Pendulum-v1", driver="pbt", pop_size=8,
+                       total_env_steps=200_000, seed=0, out_dir="runs/pbt-td3")
+    run.summary
+"""
+
+from popjax.config import ConfigError, RunConfig, make_config
+from popjax.experiment import Run, train
+from popjax.learners import LEARNERS
+from popjax.types import EnvSpec, Transition
+
+__all__ = ["ConfigError", "EnvSpec", "LEARNERS", "Run", "RunConfig", "Transition", "make_config", "train"]
+__version__ = "0.1.0"

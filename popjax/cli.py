@@ -1,0 +1,160 @@
+"""The ``popjax`` command: train | resume | bench | plot.
+
+User errors (bad options, unknown names, unreadable config files) print one line and exit
+with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from popjax.config import ConfigError
+
+# CLI flag -> RunConfig field (flags not listed use the field name with dashes).
+_FLAGS = {
+    "learner": "learner", "env": "env", "driver": "driver", "pop": "pop_size", "seed": "seed",
+    "steps": "total_env_steps", "envs_per_member": "envs_per_member", "rollout_len": "rollout_len",
+    "update_ratio": "update_ratio", "warmup": "warmup_steps", "batch_size": "batch_size",
+    "buffer_size": "buffer_size", "eval_interval": "eval_interval", "eval_episodes": "eval_episodes",
+    "devices": "devices", "checkpoint_interval": "checkpoint_interval",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own usage errors: one line, exit 2
+        self.exit(2, f"popjax: error: {message}\n")
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected name=value, got {text!r}")
+    name, value = text.split("=", 1)
+    return name.strip(), yaml.safe_load(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="popjax", description="Train populations of deep-RL agents fast.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    train = sub.add_parser("train", help="train a population and write a run directory")
+    train.add_argument("--config", type=Path, help="YAML file with any RunConfig option (flags override it)")
+    train.add_argument("--out", type=Path, default=None, help="run directory (default runs/<learner>-<env>)")
+    for flag in _FLAGS:
+        train.add_argument("--" + flag.replace("_", "-"), dest=flag, default=None)
+    train.add_argument("--hparam", action="append", type=_key_value, default=[], metavar="NAME=VALUE",
+                       help="per-member hparam: a value for all members or a list [v1, v2, ...] (repeatable)")
+    train.add_argument("--learner-config", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                       help="static learner option, e.g. hidden=[64,64] (repeatable)")
+    train.add_argument("--set", action="append", type=_key_value, default=[], metavar="OPTION=VALUE",
+                       help="any other RunConfig option, e.g. pbt={interval: 5000} (repeatable)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    resume = sub.add_parser("resume", help="continue a killed or finished run from its last checkpoint")
+    resume.add_argument("run_dir", type=Path)
+    resume.add_argument("--no-progress", action="store_true")
+
+    plot = sub.add_parser("plot", help="(re)draw the plots of a run directory")
+    plot.add_argument("run_dir", type=Path)
+
+    bench = sub.add_parser("bench", help="speed benchmarks (see benchmarks/RESULTS.md)")
+    try:
+        from popjax import bench as bench_module
+
+        bench_module.add_arguments(bench)
+    except ImportError:  # the benchmark package is optional at import time
+        bench.add_argument("study", nargs="?")
+    return parser
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--config: file {path} not found") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--config: {path} is not valid YAML ({str(err).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config: {path} must hold a mapping of options, got {type(data).__name__}")
+    return data
+
+
+def train_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Merges --config, flags, --hparam, --learner-config and --set into RunConfig options."""
+    options = _load_yaml(args.config) if args.config else {}
+    for flag, field in _FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            options[field] = yaml.safe_load(value) if field not in ("env", "learner", "driver") else value
+    for key, name, pairs in (("hparams", "--hparam", args.hparam), ("learner_config", "--learner-config",
+                                                                       args.learner_config)):
+        if pairs:
+            merged = dict(options.get(key) or {})
+            merged.update(pairs)
+            options[key] = merged
+    options.update(dict(args.set))
+    if args.no_progress:
+        options["progress"] = False
+    return options
+
+
+def _print_results(run) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s = run.summary
+    table = Table(title=f"{s['learner']} on {s['env']} ({s['driver']}, pop {s['pop_size']}, "
+                        f"{s['env_steps']:,} env steps/member, {s['wall_s']:.0f}s + {s['compile_s']:.0f}s compile)")
+    table.add_column("member", justify="right")
+    table.add_column("final return", justify="right")
+    names = list(s["hparams"])
+    for name in names:
+        table.add_column(name, justify="right")
+    for m, ret in enumerate(s["final_returns"]):
+        table.add_row(str(m), f"{ret:.1f}", *(f"{s['hparams'][n][m]:.4g}" for n in names))
+    console = Console()
+    console.print(table)
+    console.print(f"best return {s['best_return']:.1f} · run directory [bold]{run.out_dir}[/bold]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            from popjax.experiment import train
+
+            options = train_options(args)
+            out = args.out or Path("runs") / f"{options.get('learner', 'td3')}-{options.get('env', 'default')}"
+            _print_results(train(out_dir=str(out).replace(":", "_"), **options))
+        elif args.command == "resume":
+            from popjax.experiment import resume
+
+            _print_results(resume(args.run_dir, **({"progress": False} if args.no_progress else {})))
+        elif args.command == "plot":
+            from popjax.plots import plot_run
+
+            for path in plot_run(args.run_dir):
+                print(path)
+        elif args.command == "bench":
+            from popjax import bench as bench_module
+
+            return bench_module.main(args)
+    except ConfigError as err:
+        print(f"popjax: error: {err}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as err:
+        if args.command in ("plot", "resume"):  # bad run directory
+            print(f"popjax: error: {err}", file=sys.stderr)
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
