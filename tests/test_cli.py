@@ -1,0 +1,99 @@
+"""Every user error of `popjax train` is one line on stderr and exit code 2, before any compilation."""
+
+import subprocess
+import sys
+
+import pytest
+
+from popjax import cli
+from popjax.config import ConfigError, make_config
+
+
+def run_cli(argv, capsys):
+    code = cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--learner", "ppo2"], "learner: 'ppo2' unknown; allowed: td3"),
+        (["--env", "gym:NoSuchEnv-v0"], "env:"),
+        (["--env", "atari:Pong"], "env prefix 'atari' unknown; allowed: gym, brax, probe"),
+        (["--env", "brax:nope"], "allowed brax names"),
+        (["--driver", "magic"], "driver: 'magic' unknown; allowed: independent, pbt"),
+        (["--pop", "0"], "pop_size: must be a positive integer, got 0"),
+        (["--pop", "2.5"], "pop_size: expected int, got 2.5"),
+        (["--steps", "ten"], "total_env_steps: expected int, got 'ten'"),
+        (["--batch-size", "-4"], "batch_size: must be a positive integer, got -4"),
+        (["--seed", "-1"], "seed: must be >= 0"),
+        (["--pop", "3", "--devices", "2"], "pop_size: 3 members do not divide over devices=2"),
+        (["--hparam", "discount=1.5"], "hparams.discount: values must lie in [0.0, 1.0]"),
+        (["--hparam", "actor_lr=[0.1, 0.2]", "--pop", "4"], "a list needs 4 values"),
+        (["--hparam", "nope=1"], "hparam 'nope' unknown; allowed: actor_lr"),
+        (["--learner-config", "widths=[3]"], "learner_config: unknown key(s) widths"),
+        (["--set", "colour=red"], "unknown option(s) colour"),
+        (["--warmup", "5000", "--steps", "1000"], "warmup_steps: 5000 leaves no training"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(argv, message, capsys, tmp_path):
+    code, err = run_cli(["train", "--out", str(tmp_path / "run"), "--no-progress", *argv], capsys)
+    assert code == 2
+    assert err.startswith("popjax: error: ")
+    assert message in err
+    assert "\n" not in err
+    assert not (tmp_path / "run").exists()  # failed before writing anything
+
+
+def test_continuous_learner_on_discrete_env_is_rejected(capsys, tmp_path):
+    code, err = run_cli(["train", "--env", "probe:cartpole", "--learner", "td3", "--out", str(tmp_path)], capsys)
+    assert code == 2
+    assert "td3 needs continuous actions but probe:cartpole has 2 discrete actions" in err
+
+
+def test_discrete_learner_on_continuous_env_is_rejected(capsys, tmp_path):
+    pytest.importorskip("popjax.learners.dqn")
+    code, err = run_cli(["train", "--env", "probe:pendulum", "--learner", "dqn", "--out", str(tmp_path)], capsys)
+    assert code == 2
+    assert "dqn needs discrete actions but probe:pendulum has continuous actions of dimension 1" in err
+
+
+def test_config_file_errors(capsys, tmp_path):
+    missing = tmp_path / "missing.yaml"
+    assert run_cli(["train", "--config", str(missing)], capsys) == (2, f"popjax: error: --config: file {missing} "
+                                                                        "not found")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pop_size: [1,\n")
+    code, err = run_cli(["train", "--config", str(bad)], capsys)
+    assert code == 2 and "is not valid YAML" in err
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n- 2\n")
+    code, err = run_cli(["train", "--config", str(listing)], capsys)
+    assert code == 2 and "must hold a mapping of options, got list" in err
+
+
+def test_flags_override_config_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("learner: td3\npop_size: 8\nhparams: {discount: 0.9}\nlearner_config: {hidden: [8, 8]}\n")
+    args = cli.build_parser().parse_args(["train", "--config", str(path), "--pop", "2", "--steps", "1e4",
+                                          "--hparam", "tau=[0.1, 0.2]"])
+    config = make_config(**cli.train_options(args))
+    assert config.pop_size == 2 and config.total_env_steps == 10_000
+    assert dict(config.hparams) == {"discount": 0.9, "tau": [0.1, 0.2]}
+    assert dict(config.learner_config) == {"hidden": [8, 8]}
+
+
+def test_make_config_rejects_wrong_types_from_python():
+    with pytest.raises(ConfigError, match="progress: expected bool"):
+        make_config(progress="maybe")
+    with pytest.raises(ConfigError, match="hparams: expected dict"):
+        make_config(hparams=[1, 2])
+
+
+def test_console_script_prints_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "popjax.cli", "train", "--pop", "-3", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "popjax: error: pop_size: must be a positive integer, got -3"
