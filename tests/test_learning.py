@@ -1,0 +1,58 @@
+"""Learning reaches stated returns.
+
+The probe tests are quick and run by default; the real-environment runs are `slow`
+(`make test-slow`), with the measured numbers recorded in experiments/RESULTS.md.
+"""
+
+import pytest
+
+import popjax
+
+QUICK = dict(pop_size=2, rollout_len=10, warmup_steps=100, eval_episodes=4, batch_size=32, buffer_size=2000,
+             learner_config={"hidden": [32, 32]}, progress=False)
+
+
+@pytest.mark.parametrize("learner", ["td3", "sac"])
+def test_continuous_learners_solve_the_bandit_probe(learner, tmp_path):
+    # reward -(a - 0.5)^2: a uniform random policy averages -0.58, the optimum is 0
+    run = popjax.train(learner=learner, env="probe:bandit", total_env_steps=1500, eval_interval=1500,
+                       hparams={"actor_lr": 1e-3, "critic_lr": 1e-3}, out_dir=tmp_path, **QUICK)
+    assert run.summary["best_return"] > -0.02
+
+
+def test_dqn_solves_the_chain_probe(tmp_path):
+    # reward 1 for action 2 of 3; a greedy policy that found it scores 1.0
+    run = popjax.train(learner="dqn", env="probe:chain", total_env_steps=1000, eval_interval=1000,
+                       out_dir=tmp_path, **QUICK)
+    assert min(run.summary["final_returns"]) == 1.0
+
+
+SLOW_PENDULUM = dict(env="gym:Pendulum-v1", pop_size=4, total_env_steps=20_000, warmup_steps=1_000,
+                     eval_interval=2_000, eval_episodes=5, batch_size=256, buffer_size=20_000, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("learner", ["td3", "sac"])
+def test_pendulum_best_member_reaches_minus_200(learner, tmp_path):
+    run = popjax.train(learner=learner, out_dir=tmp_path, **SLOW_PENDULUM)
+    print(learner, run.summary["best_return"], run.summary["final_returns"], run.summary["wall_s"])
+    assert run.summary["best_return"] >= -200
+
+
+@pytest.mark.slow
+def test_dqn_cartpole_best_member_reaches_475(tmp_path):
+    run = popjax.train(learner="dqn", env="gym:CartPole-v1", pop_size=4, total_env_steps=150_000,
+                       warmup_steps=1_000, eval_interval=10_000, eval_episodes=5, batch_size=128,
+                       buffer_size=50_000, update_ratio=0.25, progress=False, out_dir=tmp_path)
+    print("dqn", run.summary["best_return"], run.summary["final_returns"], run.summary["wall_s"])
+    assert run.summary["best_return"] >= 475
+
+
+@pytest.mark.slow
+def test_td3_brax_inverted_pendulum_reaches_900(tmp_path):
+    run = popjax.train(learner="td3", env="brax:inverted_pendulum", pop_size=2, total_env_steps=20_000,
+                       warmup_steps=1_000, eval_interval=5_000, eval_episodes=2, batch_size=256,
+                       buffer_size=20_000, progress=False, out_dir=tmp_path)
+    print("brax", run.summary["best_return"], run.summary["final_returns"], run.summary["wall_s"],
+          run.summary["compile_s"])
+    assert run.summary["best_return"] >= 900
