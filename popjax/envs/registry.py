@@ -1,14 +1,36 @@
-"""Environment names: ``gym:<id>`` (host path), ``brax:<name>`` and ``probe:<name>`` (JAX path)."""
+"""Environment names: ``gym:<id>`` (host path), ``brax:<name>`` and ``probe:<name>`` (JAX path).
+
+``gym:`` accepts the ids in ``GYM_IDS`` (the tested ones) and, beyond those, any id registered
+in gymnasium whose observation space is a Box and whose action space is a Discrete or 1-D Box
+with finite bounds and that has a time limit (checked when the env is made). Unregistered
+ids raise ``ValueError`` listing ``GYM_IDS``.
+
+``brax:swimmer`` is not offered: brax 0.14.2's swimmer calls ``jnp.clip(a_min=...)``, which
+jax 0.10 removed, so it fails to trace.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from popjax.envs.base import JaxEnv
 from popjax.envs.probes import PROBES
+from popjax.types import EnvSpec
+
+if TYPE_CHECKING:
+    from popjax.envs.gymnasium import HostVecEnv
 
 PREFIXES = ("gym", "brax", "probe")
-GYM_IDS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5", "Pendulum-v1", "CartPole-v1")
+GYM_IDS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5", "Pendulum-v1",
+           "CartPole-v1")
 BRAX_NAMES = ("halfcheetah", "hopper", "walker2d", "ant", "humanoid", "inverted_pendulum",
-              "inverted_double_pendulum", "reacher", "pusher", "swimmer")
+              "inverted_double_pendulum", "reacher", "pusher")
+
+
+def _gym_registered(env_id: str) -> bool:
+    import gymnasium
+
+    return env_id in gymnasium.registry
 
 
 def parse(name: str) -> tuple[str, str]:
@@ -19,13 +41,32 @@ def parse(name: str) -> tuple[str, str]:
     allowed = {"gym": GYM_IDS, "brax": BRAX_NAMES, "probe": tuple(PROBES)}
     if prefix not in allowed:
         raise ValueError(f"env prefix {prefix!r} unknown; allowed: {', '.join(PREFIXES)}")
-    if prefix != "gym" and env_id not in allowed[prefix]:
+    if prefix == "gym":
+        if env_id not in GYM_IDS and not _gym_registered(env_id):
+            raise ValueError(f"env {name!r} unknown; supported gym ids: {', '.join(GYM_IDS)} "
+                             "(other gymnasium-registered ids with Box observations also work)")
+    elif env_id not in allowed[prefix]:
         raise ValueError(f"env {name!r} unknown; allowed {prefix} names: {', '.join(allowed[prefix])}")
     return prefix, env_id
 
 
 def is_jax_env(name: str) -> bool:
     return parse(name)[0] in ("brax", "probe")
+
+
+def env_spec(name: str) -> EnvSpec:
+    """The ``EnvSpec`` of ``name`` without stepping (gym: makes one env and closes it;
+    brax: abstract evaluation of reset, nothing compiled)."""
+    prefix, env_id = parse(name)
+    if prefix == "probe":
+        return PROBES[env_id]().spec
+    if prefix == "brax":
+        from popjax.envs.brax import brax_env_spec
+
+        return brax_env_spec(env_id)
+    from popjax.envs.gymnasium import gym_env_spec
+
+    return gym_env_spec(env_id)
 
 
 def make_jax_env(name: str) -> JaxEnv:
@@ -36,4 +77,14 @@ def make_jax_env(name: str) -> JaxEnv:
         from popjax.envs.brax import make_brax_env
 
         return make_brax_env(env_id)
-    raise ValueError(f"{name!r} is a host (gymnasium) env, not a JAX env")
+    raise ValueError(f"{name!r} is a host (gymnasium) env, not a JAX env; use make_host_env")
+
+
+def make_host_env(name: str, num_envs: int, seed: int) -> HostVecEnv:
+    """``gym:<id>`` as a ``HostVecEnv`` of ``num_envs`` gymnasium envs (not yet reset)."""
+    prefix, env_id = parse(name)
+    if prefix != "gym":
+        raise ValueError(f"{name!r} is a JAX env, not a host (gymnasium) env; use make_jax_env")
+    from popjax.envs.gymnasium import HostVecEnv
+
+    return HostVecEnv(env_id, num_envs, seed)
