@@ -40,7 +40,7 @@ def parse(name: str) -> tuple[str, str]:
     prefix, env_id = name.split(":", 1)
     allowed = {"gym": GYM_IDS, "brax": BRAX_NAMES, "probe": tuple(PROBES)}
     if prefix not in allowed:
-        raise ValueError(f"env prefix {prefix!r} unknown; allowed: {', '.join(PREFIXES)}")
+        raise ValueError(f"env {name!r}: prefix {prefix!r} unknown; allowed: {', '.join(PREFIXES)}")
     if prefix == "gym":
         if env_id not in GYM_IDS and not _gym_registered(env_id):
             raise ValueError(f"env {name!r} unknown; supported gym ids: {', '.join(GYM_IDS)} "
