@@ -61,14 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="(re)draw the plots of a run directory")
     plot.add_argument("run_dir", type=Path)
 
-    bench = sub.add_parser("bench", help="speed benchmarks (see benchmarks/RESULTS.md)")
-    try:
-        from popjax import bench as bench_module
-
-        bench_module.add_arguments(bench)
-    except ImportError:  # the benchmark package is optional at import time
-        bench.add_argument("study", nargs="?")
+    # The benchmark parser is built only when `bench` runs: it imports heavier optional modules.
+    bench = sub.add_parser("bench", help="speed benchmarks (see benchmarks/RESULTS.md)", add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
+
+
+def _bench(argv: list[str]) -> int:
+    from popjax import bench as bench_module
+
+    parser = _Parser(prog="popjax bench", description="Speed benchmarks; each study writes JSON and a plot.")
+    bench_module.add_arguments(parser)
+    return bench_module.main(parser.parse_args(argv))
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:
@@ -105,21 +109,26 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_results(run) -> None:
+    """A results table: one row per member, columns for the hparams that differ between members."""
     from rich.console import Console
     from rich.table import Table
 
     s = run.summary
-    table = Table(title=f"{s['learner']} on {s['env']} ({s['driver']}, pop {s['pop_size']}, "
-                        f"{s['env_steps']:,} env steps/member, {s['wall_s']:.0f}s + {s['compile_s']:.0f}s compile)")
+    hparams = s["hparams"]
+    varying = [n for n, values in hparams.items() if len(set(values)) > 1]
+    shared = ", ".join(f"{n}={values[0]:.4g}" for n, values in hparams.items() if n not in varying)
+    table = Table(title=f"{s['learner']} on {s['env']} · {s['driver']} · pop {s['pop_size']} · "
+                        f"{s['env_steps']:,} env steps/member · {s['wall_s']:.0f} s (+{s['compile_s']:.0f} s compile)")
     table.add_column("member", justify="right")
     table.add_column("final return", justify="right")
-    names = list(s["hparams"])
-    for name in names:
+    for name in varying:
         table.add_column(name, justify="right")
     for m, ret in enumerate(s["final_returns"]):
-        table.add_row(str(m), f"{ret:.1f}", *(f"{s['hparams'][n][m]:.4g}" for n in names))
+        table.add_row(str(m), f"{ret:.1f}", *(f"{hparams[n][m]:.4g}" for n in varying))
     console = Console()
     console.print(table)
+    if shared:
+        console.print(f"shared hparams: {shared}")
     console.print(f"best return {s['best_return']:.1f} · run directory [bold]{run.out_dir}[/bold]")
 
 
@@ -142,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             for path in plot_run(args.run_dir):
                 print(path)
         elif args.command == "bench":
-            from popjax import bench as bench_module
-
-            return bench_module.main(args)
+            return _bench(args.bench_args)
     except ConfigError as err:
         print(f"popjax: error: {err}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ def run_cli(argv, capsys):
     [
         (["--learner", "ppo2"], "learner: 'ppo2' unknown; allowed: td3"),
         (["--env", "gym:NoSuchEnv-v0"], "env:"),
-        (["--env", "atari:Pong"], "env prefix 'atari' unknown; allowed: gym, brax, probe"),
+        (["--env", "atari:Pong"], "prefix 'atari' unknown; allowed: gym, brax, probe"),
         (["--env", "brax:nope"], "allowed brax names"),
         (["--driver", "magic"], "driver: 'magic' unknown; allowed: independent, pbt"),
         (["--pop", "0"], "pop_size: must be a positive integer, got 0"),
