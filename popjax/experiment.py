@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,10 @@ def build(config: RunConfig) -> Setup:
         space = {name: Range.from_dict(r) for name, r in config.search_space.items()}
         hparams = population_hparams(definition.default_hparams(learner_config), config.pop_size,
                                      config.hparams, space, jax.random.fold_in(jax.random.key(config.seed), 1))
+        if config.driver == "pbt":
+            from popjax.drivers.pbt import pbt_initial_hparams
+
+            hparams = pbt_initial_hparams(config, definition, learner_config, hparams)
         check_hparams(hparams)
     except ValueError as err:
         raise ConfigError(str(err)) from None
@@ -119,6 +124,7 @@ class Trainer:
         self.wall_s = 0.0
         self.compile_s = 0.0
         self.history: list[np.ndarray] = []  # eval returns [pop] per evaluation
+        self.checkpointer = None  # a popjax.checkpoint.Checkpointer, set by train/resume
         self._compiled: dict[str, Any] = {}
 
     # --- counters -----------------------------------------------------------------------------
@@ -137,6 +143,12 @@ class Trainer:
     @property
     def eval_every(self) -> int:
         return max(1, self.config.eval_interval // self.config.steps_per_iter)
+
+    @property
+    def checkpoint_every(self) -> int:
+        """Iterations between checkpoints (0 = only at evaluations and at the end)."""
+        interval = self.config.checkpoint_interval
+        return max(1, interval // self.config.steps_per_iter) if interval else 0
 
     def key_for(self, purpose: int, iteration: int) -> jax.Array:
         # Keys are derived from (seed, purpose, iteration): nothing random is carried between
@@ -216,15 +228,51 @@ class Trainer:
                 state, env_state, metrics = self.step(state, env_state)
                 if metrics:
                     last_metrics = {k: np.asarray(v) for k, v in metrics.items()}
-                if self.iteration % self.eval_every == 0 or self.iteration == self.total_iterations:
+                evaluated = self.iteration % self.eval_every == 0 or self.iteration == self.total_iterations
+                if evaluated:
                     returns = self.evaluate(state)
                     self._log_eval(state, returns, last_metrics)
                     state = self.driver.after_eval(self.key_for(6, self.iteration), state, jnp.asarray(returns),
                                                    self.env_steps)
                     progress.update_returns(returns)
+                every = self.checkpoint_every
+                if self.checkpointer is not None and (evaluated or (every and self.iteration % every == 0)):
+                    self.save_checkpoint(state, env_state)
                 self.wall_s += time.perf_counter() - start - (self.compile_s - compile_before)
                 progress.advance_to(self.env_steps)
         return state
+
+    # --- checkpoints (exact resume) ----------------------------------------------------------
+    def save_checkpoint(self, state: PopState, env_state) -> None:
+        """Everything needed to continue after this iteration (keys are re-derived from the seed)."""
+        meta = {"iteration": self.iteration, "env_steps": self.env_steps, "updates": self.updates,
+                "wall_s": self.wall_s, "compile_s": self.compile_s,
+                "history": [[_json_float(v) for v in r.tolist()] for r in self.history],
+                "driver": self.driver.state_dict()}
+        tree = {"state": state, "env_state": env_state if self.setup.jax_env else None}
+        self.checkpointer.save(self.iteration, tree, meta)
+
+    def restore_checkpoint(self):
+        """Loads the newest usable checkpoint into the counters; returns ``(state, env_state)`` or None."""
+        s = self.setup
+        template = {"state": jax.eval_shape(s.population.init, self.key_for(0, 0), s.hparams),
+                    "env_state": jax.eval_shape(s.collector.reset, self.key_for(2, 0)) if s.jax_env else None}
+        found = self.checkpointer.restore_latest(template)
+        if found is None:
+            return None
+        _, tree, meta = found
+        self.iteration, self.updates = int(meta["iteration"]), int(meta["updates"])
+        self.wall_s, self.compile_s = float(meta["wall_s"]), float(meta["compile_s"])
+        self.history = [np.array([np.nan if v is None else v for v in r], np.float64)
+                        for r in meta["history"]]
+        self.driver.load_state_dict(meta["driver"])
+        state = shard_members(jax.tree.map(jnp.asarray, tree["state"]), s.sharding)
+        if s.jax_env:
+            env_state = shard_members(jax.tree.map(jnp.asarray, tree["env_state"]), s.sharding)
+        else:
+            # Host envs cannot be snapshotted: they start new episodes (see ``resume``).
+            env_state = s.collector.reset(self.key_for(2, self.iteration))
+        return state, env_state
 
     def _log_eval(self, state: PopState, returns: np.ndarray, metrics: dict[str, np.ndarray]) -> None:
         self.history.append(returns)
@@ -273,20 +321,103 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
     run_dir = RunDir(out_dir)
     run_dir.write_config(config.to_dict())
     trainer = Trainer(setup, run_dir, make_driver(setup))
+    _clear_run_outputs(run_dir)
     state, env_state = trainer.initial_state()
+    return _finish(trainer, state, env_state)
+
+
+def resume(run_dir: str | Path, **overrides: Any) -> Run:
+    """Continues a run (killed at any moment, or finished) from its newest usable checkpoint.
+
+    The result equals an uninterrupted run with the same config: every random key is derived
+    from (seed, purpose, iteration), and a checkpoint holds the population state (learner,
+    replay buffers, hparams), the JAX env state, the driver state (PBT lineage, fitness
+    window) and the loop counters and evaluation history. On the JAX env path (``probe:``,
+    ``brax:``) the final parameters and summary are bit-identical. On the gymnasium path the
+    vector env cannot be snapshotted: after a resume it starts new episodes, reset from its
+    construction seed, so the transitions collected from then on (and hence the parameters)
+    differ from an uninterrupted run; evaluation episodes use fixed seeds either way.
+
+    Rows of metrics.csv logged after the checkpoint are dropped and logged again, so none is
+    lost or duplicated. A damaged newest checkpoint is skipped with a warning.
+
+    Args:
+      run_dir: a run directory written by ``train``.
+      overrides: RunConfig fields to change (e.g. ``total_env_steps`` to extend a run,
+        ``progress``); fields that change array shapes make the checkpoint unusable.
+    """
+    run_dir = RunDir(run_dir)
+    if not (run_dir.path / "config.yaml").exists():
+        raise ConfigError(f"resume: {run_dir.path} is not a run directory (no config.yaml)")
+    config = make_config(**{**run_dir.read_config(), **overrides})
+    setup = build(config)
+    if overrides:
+        run_dir.write_config(config.to_dict())
+    trainer = Trainer(setup, run_dir, make_driver(setup))
+    trainer.checkpointer = _checkpointer(run_dir)
+    restored = trainer.restore_checkpoint()
+    if restored is None:
+        warnings.warn(f"{run_dir.path}: no usable checkpoint; training from the start", stacklevel=2)
+        _clear_run_outputs(run_dir)
+        restored = trainer.initial_state()
+    else:
+        trainer.checkpointer.delete_after(trainer.iteration)
+        _drop_partial_metrics_row(run_dir)
+        run_dir.truncate_metrics(trainer.env_steps)
+    return _finish(trainer, *restored)
+
+
+def _checkpointer(run_dir: RunDir):
+    from popjax.checkpoint import Checkpointer
+
+    return Checkpointer(run_dir.path / "checkpoints", max_to_keep=3)
+
+
+def _clear_run_outputs(run_dir: RunDir) -> None:
+    """A fresh start: no metrics rows or checkpoints of an earlier run in the same directory."""
+    import shutil
+
+    run_dir.metrics_path.unlink(missing_ok=True)
+    shutil.rmtree(run_dir.path / "checkpoints", ignore_errors=True)
+
+
+def _drop_partial_metrics_row(run_dir: RunDir) -> None:
+    """Cuts a last line left incomplete by a kill in the middle of an append."""
+    path = run_dir.metrics_path
+    if path.exists() and path.stat().st_size:
+        data = path.read_bytes()
+        if not data.endswith(b"\n"):
+            path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def _finish(trainer: Trainer, state: PopState, env_state) -> Run:
+    if trainer.checkpointer is None:
+        trainer.checkpointer = _checkpointer(trainer.run_dir)
     state = trainer.run(state, env_state)
+    if not trainer.checkpointer.steps() or trainer.checkpointer.steps()[-1] != trainer.iteration:
+        trainer.save_checkpoint(state, env_state)
+    trainer.checkpointer.close()
     summary = trainer.summary(state)
-    run_dir.write_summary(summary)
+    trainer.run_dir.write_summary(summary)
     from popjax.plots import plot_run
 
-    plot_run(run_dir.path)
-    if not setup.jax_env:
-        setup.collector.close()
-    return Run(run_dir.path, summary, state)
+    plot_run(trainer.run_dir.path)
+    if not trainer.setup.jax_env:
+        trainer.setup.collector.close()
+    return Run(trainer.run_dir.path, summary, state)
+
+
+def _json_float(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
 
 
 def make_driver(setup: Setup):
     name = setup.config.driver
     if name == "independent":
         return IndependentDriver()
+    if name == "pbt":
+        from popjax.drivers.pbt import make_pbt_driver
+
+        cfg = setup.config
+        return make_pbt_driver(cfg, LEARNERS[cfg.learner], setup.learner_config, setup.sharding)
     raise ConfigError(f"driver: {name!r} is not available yet")
