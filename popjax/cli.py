@@ -117,8 +117,9 @@ def _print_results(run) -> None:
     hparams = s["hparams"]
     varying = [n for n, values in hparams.items() if len(set(values)) > 1]
     shared = ", ".join(f"{n}={values[0]:.4g}" for n, values in hparams.items() if n not in varying)
-    table = Table(title=f"{s['learner']} on {s['env']} · {s['driver']} · pop {s['pop_size']} · "
+    title = (f"{s['learner']} on {s['env']} · {s['driver']} · pop {s['pop_size']} · "
                         f"{s['env_steps']:,} env steps/member · {s['wall_s']:.0f} s (+{s['compile_s']:.0f} s compile)")
+    table = Table()
     table.add_column("member", justify="right")
     table.add_column("final return", justify="right")
     for name in varying:
@@ -126,6 +127,7 @@ def _print_results(run) -> None:
     for m, ret in enumerate(s["final_returns"]):
         table.add_row(str(m), f"{ret:.1f}", *(f"{hparams[n][m]:.4g}" for n in varying))
     console = Console()
+    console.print(title, style="bold")
     console.print(table)
     if shared:
         console.print(f"shared hparams: {shared}")

@@ -18,10 +18,11 @@ from popjax.types import Key, Transition
 
 def _to_population_layout(x: jax.Array, pop_size: int) -> jax.Array:
     """``[T, pop * envs, ...]`` (time-major, member-major envs) -> ``[pop, T * envs, ...]``."""
+    xp = np if isinstance(x, np.ndarray) else jnp  # host arrays stay on the host until the jitted call
     t, n = x.shape[:2]
     envs = n // pop_size
     x = x.reshape((t, pop_size, envs) + x.shape[2:])
-    return jnp.swapaxes(x, 0, 1).reshape((pop_size, t * envs) + x.shape[3:])
+    return xp.swapaxes(x, 0, 1).reshape((pop_size, t * envs) + x.shape[3:])
 
 
 class JaxCollector:
@@ -94,8 +95,10 @@ class HostCollector:
         self._eval_envs = {}
         self.envs_per_member = envs_per_member
         self.rollout_len = rollout_len
-        self._act = jax.jit(population.act)
-        self._random_act = jax.jit(population.random_act)
+        # Step keys are folded in inside the jitted call: indexing a device array of keys on
+        # the host would cost one extra dispatch per env step.
+        self._act = jax.jit(lambda key, t, state, obs: population.act(jax.random.fold_in(key, t), state, obs))
+        self._random_act = jax.jit(lambda key, t, obs: population.random_act(jax.random.fold_in(key, t), obs))
         self._policy = jax.jit(population.policy)
 
     def reset(self, key: Key) -> None:
@@ -110,17 +113,18 @@ class HostCollector:
         steps = []
         returns = np.zeros(n, np.float64)
         dones = np.zeros(n, np.float64)
-        for step_key in jax.random.split(key, self.rollout_len):
+        for t in range(self.rollout_len):
             obs = self.env.obs
             batched = obs.reshape(shape + spec.obs_shape)
-            action = self._act(step_key, state, batched) if explore else self._random_act(step_key, batched)
+            t = np.int32(t)
+            action = self._act(key, t, state, batched) if explore else self._random_act(key, t, batched)
             action = np.asarray(action).reshape((n,) + spec.action_shape)
             out = self.env.step(action)
             steps.append(Transition(obs, action, out.reward, out.next_obs, out.terminated))
             returns += out.finished_return
             dones += out.done
         transitions = jax.tree.map(lambda *xs: np.stack(xs), *steps)
-        transitions = jax.tree.map(lambda x: _to_population_layout(jnp.asarray(x), pop.pop_size), transitions)
+        transitions = jax.tree.map(lambda x: _to_population_layout(x, pop.pop_size), transitions)
         stats = (returns.reshape(shape).sum(1), dones.reshape(shape).sum(1))
         return transitions, stats
 
