@@ -27,6 +27,7 @@ SPECS = {
     "discrete": EnvSpec("test-discrete", (OBS_DIM,), num_actions=ACTION_DIM),
 }
 
+
 @pytest.fixture(autouse=True)
 def fast_compile():
     """Compiles with most XLA optimizations off while a learner test runs.
