@@ -1,0 +1,192 @@
+"""``popjax bench <study>``: the fast-PBT paper's speed studies, on whatever devices JAX sees.
+
+Each study writes ``<out>/<study>.json`` (raw timings, every parameter, the machine and
+device description, library versions, load averages) and ``<out>/<study>.png``;
+``popjax bench report`` turns the JSON files into ``benchmarks/RESULTS.md``.
+
+| study | what |
+| --- | --- |
+- ``update``: one population-wide update step vs N: popjax vmap (1 and K steps per call),
+  JAX sequential, PyTorch sequential (paper Fig. 2);
+- ``roofline``: dense-matmul GFLOP/s vs achieved GFLOP/s of the TD3/SAC population update;
+- ``compile``: compile time of the K-step population update vs N (paper Table 3);
+- ``envstep``: ms per env interaction, gym MuJoCo (host) and brax (jitted, vmapped) (Table 2);
+- ``train``: end-to-end env steps/s of ``popjax.experiment.train`` and the share of wall time
+  spent in the compiled update;
+- ``shared_critic``: shared-critic TD3 (CEM-RL/DvD) update vs N (``popjax.bench.shared_critic``);
+- ``report``: regenerate ``benchmarks/RESULTS.md`` from the JSON results.
+
+``--devices 1,2`` splits the population over 1 and then 2 devices (on a CPU, host devices
+are forced through ``jax_num_cpu_devices`` before JAX starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+from typing import Any
+
+STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "report")
+
+_DEFAULT_POPS = {
+    "update": "1,2,4,8,16,32,64",
+    "roofline": "1,2,4,8,16,32,64",
+    "compile": "1,2,4,8,16,32,64",
+    "envstep": "1,4,16",
+    "train": "1,4,16",
+    "shared_critic": "1,2,4,8,16",
+}
+_HELP = {
+    "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
+    "roofline": "matmul peak GFLOP/s vs achieved GFLOP/s of the TD3/SAC population update",
+    "compile": "compile time of the K-step population update vs N",
+    "envstep": "ms per env interaction, gym MuJoCo and brax",
+    "train": "end-to-end env steps/s of popjax.experiment.train and the share of time in the compiled update",
+    "shared_critic": "shared-critic TD3 update vs N (popjax.bench.shared_critic)",
+    "report": "regenerate benchmarks/RESULTS.md from the JSON results",
+}
+
+
+_LEARNER = lambda default: (("--learner",), {"default": default, "help": "comma-separated learners"})
+_HIDDEN = (("--hidden",), {"default": None, "help": "override hidden sizes, e.g. 64,64 (DQN: its MLP head)"})
+_BATCH = (("--batch-size",), {"type": int, "default": None, "help": "override the batch size"})
+# Study-specific options (kept here so that building the CLI parser imports no JAX).
+_EXTRA: dict[str, tuple] = {
+    "update": (
+        _LEARNER("td3,sac,dqn"),
+        _HIDDEN,
+        _BATCH,
+        (
+            ("--impl",),
+            {
+                "default": "vmap,vmap_scan,jax_seq,torch_seq",
+                "help": "comma-separated subset of vmap,vmap_scan,jax_seq,torch_seq",
+            },
+        ),
+        (("--frame",), {"type": int, "default": 84, "help": "DQN frame side (84 = Atari)"}),
+        (
+            ("--torch-threads",),
+            {"type": int, "default": None, "help": "torch.set_num_threads (default: torch's)"},
+        ),
+    ),
+    "roofline": (
+        _LEARNER("td3,sac"),
+        _HIDDEN,
+        _BATCH,
+        (("--impl",), {"default": "vmap", "help": "vmap and/or vmap_scan (K steps per call)"}),
+        (("--matmul-sizes",), {"default": "1024,2048", "help": "square matmul sizes for the peak"}),
+    ),
+    "compile": (
+        _LEARNER("td3,sac"),
+        _HIDDEN,
+        _BATCH,
+        (
+            ("--compile-repeats",),
+            {"type": int, "default": 1, "help": "fresh compilations per point (median)"},
+        ),
+    ),
+    "envstep": (
+        _LEARNER("td3,sac"),
+        _HIDDEN,
+        (
+            ("--gym",),
+            {
+                "default": "HalfCheetah-v5,Hopper-v5,Walker2d-v5,Ant-v5,Humanoid-v5,Swimmer-v5",
+                "help": "gymnasium ids ('' for none)",
+            },
+        ),
+        (
+            ("--brax",),
+            {"default": "halfcheetah,hopper,walker2d,ant,humanoid", "help": "brax names ('' for none)"},
+        ),
+        (("--envs-per-member",), {"type": int, "default": 1}),
+        (("--steps",), {"type": int, "default": 200, "help": "env steps per timed call (brax: per scan)"}),
+    ),
+    "train": (
+        _LEARNER("td3"),
+        _HIDDEN,
+        _BATCH,
+        (("--env",), {"default": "gym:HalfCheetah-v5,brax:halfcheetah", "help": "comma-separated env names"}),
+        (("--env-steps",), {"type": int, "default": 3000, "help": "env steps per member"}),
+        (("--warmup",), {"type": int, "default": 500, "help": "random warm-up env steps per member"}),
+        (("--rollout-len",), {"type": int, "default": 50, "help": "env steps per env per iteration (K)"}),
+    ),
+}
+
+
+def _module(study: str):
+    return importlib.import_module(f"popjax.bench.{study}")
+
+
+def _has_module(study: str) -> bool:
+    return importlib.util.find_spec(f"popjax.bench.{study}") is not None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds ``<study> [options]`` sub-commands to the ``popjax bench`` parser (imports no JAX)."""
+    sub = parser.add_subparsers(dest="study", required=True, metavar="study")
+    for study in STUDIES:
+        p = sub.add_parser(study, help=_HELP[study], description=_HELP[study])
+        if study == "report":
+            p.add_argument("--results", default="benchmarks/results", help="directory of <study>.json files")
+            p.add_argument("--output", default="benchmarks/RESULTS.md", help="Markdown file to write")
+            continue
+        p.add_argument("--pop", default=_DEFAULT_POPS[study], help="population sizes, comma-separated")
+        p.add_argument("--devices", default="1", help="device counts to split the population over, e.g. 1,2")
+        p.add_argument(
+            "--k", type=int, default=None, help="update steps per compiled call (default: 50 TD3/SAC, 10 DQN)"
+        )
+        p.add_argument(
+            "--repeats", type=int, default=10, help="minimum timed calls (K-step calls: a quarter)"
+        )
+        p.add_argument("--min-time", type=float, default=1.0, help="minimum seconds of timed calls per point")
+        p.add_argument(
+            "--max-seconds",
+            type=float,
+            default=120.0,
+            help="per-point budget: larger N whose estimated time exceeds it are skipped (recorded)",
+        )
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument(
+            "--out",
+            default="benchmarks/results",
+            help="output directory (or a .json file path) for <study>.json and <study>.png",
+        )
+        p.add_argument("--no-plot", action="store_true", help="write the JSON only")
+        for flags, kwargs in _EXTRA.get(study, ()):
+            p.add_argument(*flags, **kwargs)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs ``args.study``; returns the process exit status."""
+    study = args.study
+    if study not in STUDIES:
+        print(f"popjax bench: unknown study {study!r}; choose from {', '.join(STUDIES)}")
+        return 2
+    if study == "report":
+        from popjax.bench import report
+
+        path = report.write_report(args.results, args.output)
+        print(f"wrote {path}")
+        return 0
+    if study == "shared_critic":
+        return run_shared_critic(args)
+    try:
+        _module(study).main(args)
+    except ValueError as err:  # bad option values (device count, lists): one line, no traceback
+        print(f"popjax bench {study}: error: {err}")
+        return 2
+    return 0
+
+
+def run_shared_critic(args: argparse.Namespace) -> int:
+    """Calls ``popjax.bench.shared_critic.run(pops=..., out_dir=...)`` when that module exists."""
+    if not _has_module("shared_critic"):
+        print("popjax bench shared_critic: skipped: popjax/bench/shared_critic.py is not in this tree yet")
+        return 0
+    from popjax.bench import common
+
+    module: Any = _module("shared_critic")
+    module.run(pops=common.parse_int_list(args.pop), out_dir=args.out)
+    return 0

@@ -1,0 +1,431 @@
+"""Shared benchmark machinery: timing, machine description, devices, memory, JSON and plots.
+
+Timing rules (DESIGN.md §10, population-core reference §2.3 and §10.9):
+
+- compile time is measured separately (AOT ``lower().compile()``), never mixed into run time;
+- every timed call blocks on **every leaf** of its output (``jax.block_until_ready``);
+- the first ``warmup`` calls are dropped, then calls are repeated until both a minimum count
+  and a minimum wall time are reached; we report the median (and the paper-style mean);
+- all implementations of one comparison are timed in the same process, one after another,
+  so that ratios are measured under the same machine load.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+DEFAULT_OUT = Path("benchmarks/results")
+
+
+# --- timing ---------------------------------------------------------------------------------
+def block(tree: Any) -> Any:
+    """Blocks on every array leaf of ``tree`` (jax arrays; torch tensors are synchronous on CPU)."""
+    return jax.block_until_ready(tree)
+
+
+def time_calls(
+    call: Callable[[], Any],
+    *,
+    warmup: int = 2,
+    min_repeats: int = 5,
+    max_repeats: int = 200,
+    min_time: float = 1.0,
+    max_time: float | None = None,
+    sync: Callable[[Any], Any] = block,
+) -> dict[str, Any]:
+    """Times ``call()`` repeatedly; every call's output is synchronised with ``sync`` before the clock stops.
+
+    Args:
+      call: the thing to time; its return value is passed to ``sync``.
+      warmup: untimed calls first (first execution, caches, allocator warm-up).
+      min_repeats, max_repeats: bounds on the number of timed calls.
+      min_time: keep repeating (up to ``max_repeats``) until this much time was spent timing.
+      max_time: stop once this much time was spent, even below ``min_repeats`` (at least 1 call).
+      sync: blocks until the output is computed (``jax.block_until_ready`` by default).
+
+    Returns:
+      ``{"median_s", "mean_s", "min_s", "max_s", "iqr_s", "repeats", "times_s"}``.
+    """
+    for _ in range(warmup):
+        sync(call())
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < max_repeats:
+        start = time.perf_counter()
+        sync(call())
+        elapsed = time.perf_counter() - start
+        times.append(elapsed)
+        spent += elapsed
+        if len(times) >= min_repeats and spent >= min_time:
+            break
+        if max_time is not None and spent >= max_time:
+            break
+    return summarize(times)
+
+
+def summarize(times: Sequence[float]) -> dict[str, Any]:
+    arr = np.asarray(times, np.float64)
+    q1, q3 = np.percentile(arr, [25, 75])
+    return {
+        "median_s": float(np.median(arr)),
+        "mean_s": float(arr.mean()),
+        "min_s": float(arr.min()),
+        "max_s": float(arr.max()),
+        "iqr_s": float(q3 - q1),
+        "repeats": int(arr.size),
+        "times_s": [float(t) for t in arr],
+    }
+
+
+class Stopwatch:
+    """``with Stopwatch() as sw: ...`` then ``sw.seconds``."""
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+        self.seconds = float("nan")
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.start
+        return False
+
+
+def compile_timed(fn: Callable, *args, donate_argnums: tuple[int, ...] = (), **jit_kwargs):
+    """AOT-compiles ``jax.jit(fn)`` for ``args``; returns ``(compiled, {"lower_s", "compile_s"})``.
+
+    ``compile_s`` is lowering + XLA compilation (what a user waits for before the first step).
+    """
+    jitted = jax.jit(fn, donate_argnums=donate_argnums, **jit_kwargs)
+    start = time.perf_counter()
+    lowered = jitted.lower(*args)
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    end = time.perf_counter()
+    return compiled, {
+        "lower_s": lowered_at - start,
+        "xla_compile_s": end - lowered_at,
+        "compile_s": end - start,
+    }
+
+
+def cost_flops(compiled) -> float | None:
+    """FLOPs of one execution from XLA's cost analysis (None where the backend gives none).
+
+    Note: XLA counts the body of a ``while`` loop (``lax.scan``) **once**, whatever the trip
+    count, so take FLOPs from the 1-step program and multiply by K.
+    """
+    try:
+        analysis = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - some backends do not implement it
+        return None
+    if isinstance(analysis, list | tuple):
+        analysis = analysis[0] if analysis else None
+    if not analysis or "flops" not in analysis:
+        return None
+    flops = float(analysis["flops"])
+    return flops if flops > 0 else None
+
+
+def memory_analysis(compiled) -> dict[str, float] | None:
+    """XLA's static memory analysis of a compiled program, in MB (arguments, outputs, temporaries)."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001
+        return None
+    if stats is None:
+        return None
+    mb = lambda b: float(b) / 2**20
+    return {
+        "argument_mb": mb(stats.argument_size_in_bytes),
+        "output_mb": mb(stats.output_size_in_bytes),
+        "alias_mb": mb(stats.alias_size_in_bytes),
+        "temp_mb": mb(stats.temp_size_in_bytes),
+    }
+
+
+# --- memory -------------------------------------------------------------------------------------
+def rss_mb() -> float:
+    """Resident set size of this process in MB."""
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+    except ImportError:  # pragma: no cover - psutil ships with the dev environment
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class PeakMemory:
+    """Samples RSS (and device memory stats where the backend has them) while the block runs.
+
+    ``rss_delta_mb`` = peak RSS during the block minus RSS when it started: what the timed
+    implementation allocated on top of what already existed (inputs built before are excluded).
+    ``device_peak_mb`` = the device allocator's peak bytes in use (GPU/TPU; None on CPU).
+    """
+
+    def __init__(self, interval: float = 0.005):
+        self.interval = interval
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.start_mb = rss_mb()
+        self.peak_mb = self.start_mb
+        self._device_start = _device_bytes_in_use()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(self.interval):
+            self.peak_mb = max(self.peak_mb, rss_mb())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, rss_mb())
+        return False
+
+    def result(self) -> dict[str, Any]:
+        device_peak = _device_peak_bytes()
+        return {
+            "rss_start_mb": round(self.start_mb, 2),
+            "rss_peak_mb": round(self.peak_mb, 2),
+            "rss_delta_mb": round(self.peak_mb - self.start_mb, 2),
+            "device_peak_mb": None if device_peak is None else round(device_peak / 2**20, 2),
+            "device_start_mb": None if self._device_start is None else round(self._device_start / 2**20, 2),
+        }
+
+
+def _device_stats():
+    try:
+        return jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _device_bytes_in_use():
+    stats = _device_stats()
+    return None if not stats else stats.get("bytes_in_use")
+
+
+def _device_peak_bytes():
+    stats = _device_stats()
+    return None if not stats else stats.get("peak_bytes_in_use")
+
+
+# --- devices ----------------------------------------------------------------------------------------
+def backends_initialized() -> bool:
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge._backends)
+    except Exception:  # noqa: BLE001 - private API; assume initialised (the safe answer)
+        return True
+
+
+def request_devices(counts: Sequence[int]) -> None:
+    """Makes ``max(counts)`` devices visible, forcing host (CPU) devices when needed.
+
+    On a CPU JAX shows one device unless told otherwise; this sets ``jax_num_cpu_devices``
+    (same effect as ``XLA_FLAGS=--xla_force_host_platform_device_count=N``) when the backend
+    is not initialised yet. Raises ValueError if the devices cannot be had.
+    """
+    want = max(counts)
+    forced = "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+    if want > 1 and not forced and not backends_initialized():
+        jax.config.update("jax_num_cpu_devices", want)
+    have = len(jax.devices())
+    if have < want:
+        raise ValueError(
+            f"--devices {want}: JAX sees {have} {jax.devices()[0].platform} device(s); on a CPU run with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={want} (set before JAX starts)"
+        )
+
+
+def mesh_sharding(devices: int, axis: int = 0, ndim: int | None = None):
+    """A NamedSharding splitting ``axis`` over the first ``devices`` devices (None for 1 device)."""
+    if devices <= 1:
+        return None
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.asarray(jax.devices()[:devices]), ("pop",))
+    spec = (None,) * axis + ("pop",)
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def place(tree: Any, devices: int, axis: int = 0) -> Any:
+    """Puts every leaf on device (split over ``devices`` along ``axis``) and blocks."""
+    if devices <= 1:
+        return block(jax.device_put(tree, jax.devices()[0]))
+    sharding = mesh_sharding(devices, axis)
+    return block(jax.tree.map(lambda x: jax.device_put(x, sharding), tree))
+
+
+def parse_int_list(text: str | Sequence[int]) -> list[int]:
+    if not isinstance(text, str):
+        return [int(x) for x in text]
+    values = [int(float(x)) for x in text.replace(" ", "").split(",") if x]
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"expected a comma-separated list of positive integers, got {text!r}")
+    return values
+
+
+# --- machine description ---------------------------------------------------------------------------
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(module: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine() -> dict[str, Any]:
+    """Everything needed to interpret a timing: CPU, devices, library versions, flags, load."""
+    devices = jax.devices()
+    try:
+        import psutil
+
+        mem_gb = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:  # pragma: no cover
+        mem_gb = None
+    return {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gb": mem_gb,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "jax": jax.__version__,
+        "jaxlib": _version("jaxlib"),
+        "flax": _version("flax"),
+        "optax": _version("optax"),
+        "torch": _version("torch"),
+        "numpy": np.__version__,
+        "backend": jax.default_backend(),
+        "devices": [{"id": d.id, "platform": d.platform, "kind": d.device_kind} for d in devices],
+        "device_count": len(devices),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "jax_num_cpu_devices": jax.config.values.get("jax_num_cpu_devices"),
+        "load_average": load_average(),
+    }
+
+
+# --- results -----------------------------------------------------------------------------------------
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def output_paths(out: str | Path | None, study: str) -> tuple[Path, Path]:
+    """``(json_path, png_path)``: ``out`` is a directory (``<out>/<study>.json``) or a ``.json`` file."""
+    out = Path(out) if out is not None else DEFAULT_OUT
+    if out.suffix == ".json":
+        return out, out.with_suffix(".png")
+    return out / f"{study}.json", out / f"{study}.png"
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(payload), indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def study_payload(
+    study: str,
+    params: dict[str, Any],
+    results: list[dict[str, Any]],
+    started: str,
+    notes: list[str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The common JSON layout of every study."""
+    return {
+        "study": study,
+        "started_utc": started,
+        "finished_utc": utc_now(),
+        "machine": machine(),
+        "params": params,
+        "results": results,
+        "notes": notes or [],
+        **extra,
+    }
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# --- plots -----------------------------------------------------------------------------------------
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def machine_caption(machine_info: dict[str, Any]) -> str:
+    kinds = sorted({d["kind"] for d in machine_info["devices"]})
+    return (
+        f"{machine_info['cpu']} ({machine_info['cpu_count']} cores) · {machine_info['backend']} "
+        f"{'/'.join(kinds)} ×{machine_info['device_count']} · jax {machine_info['jax']} · "
+        f"load {machine_info['load_average']}"
+    )
+
+
+def save_figure(fig, path: Path, machine_info: dict[str, Any] | None = None) -> Path:
+    if machine_info:
+        fig.text(0.01, 0.005, machine_caption(machine_info), fontsize=7, color="0.4")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    pyplot().close(fig)
+    return path
