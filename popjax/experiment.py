@@ -113,6 +113,10 @@ def build(config: RunConfig) -> Setup:
 class Trainer:
     """Runs the training loop of one Setup; owns the compiled steps and the loop counters."""
 
+    #: Optional ``staticmethod((name, compiled) -> callable)`` wrapped around every compiled step
+    #: that ``_compile`` hands out; ``popjax.bench.train`` uses it to time the compiled calls.
+    call_wrapper = None
+
     def __init__(self, setup: Setup, run_dir: RunDir, driver=None):
         self.setup = setup
         self.config = setup.config
@@ -174,7 +178,8 @@ class Trainer:
             start = time.perf_counter()
             self._compiled[name] = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
             self.compile_s += time.perf_counter() - start
-        return self._compiled[name]
+        compiled = self._compiled[name]
+        return compiled if self.call_wrapper is None else self.call_wrapper(name, compiled)
 
     def step(self, state: PopState, env_state):
         """One iteration: collect ``rollout_len`` steps per env, then K updates (after warm-up)."""
