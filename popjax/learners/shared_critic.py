@@ -1,0 +1,375 @@
+"""Population-coupled TD3: one shared critic, one actor per member (CEM-RL, DvD).
+
+The fast-PBT paper (§4.2) makes the shared-critic update vectorizable: every step, each
+member's sub-batch goes through its own actor (target actions, DPG) in parallel and the
+critic loss is **averaged over the population**, so the critic gets one update per step,
+exactly as many as in the sequential CEM-RL order, but each on ``pop * B`` samples.
+
+The update is written for one member and vmapped with ``axis_name="pop"``; every reduction
+over members is a collective (``lax.pmean`` of the critic gradients, loss, critic lr and
+tau; ``lax.pmin`` of the policy delay; ``lax.all_gather`` of the DvD embeddings). Inside
+``vmap`` the results of those collectives are unbatched, so the shared critic and its Adam
+step are computed once, not ``pop`` times, and the same function can run under
+``shard_map`` with the member axis split over devices.
+
+Everything else is popjax's TD3 (``popjax/learners/td3.py``): one target ``y`` per member
+and step (one smoothing-noise draw from the member's own key), DPG on ``obs`` through
+critic 1 of the just-updated critic, all targets Polyak-averaged on policy steps only,
+Adam with a traced per-member learning rate. Per-member hyperparameters are the usual
+``TD3HParams`` with a leading ``[pop]`` axis; for the shared critic, whose update is
+common to all members, ``critic_lr`` and ``tau`` are the population means and the target
+critic moves on the policy steps of the smallest ``policy_delay`` (all equal in CEM-RL and
+DvD, where this choice is moot).
+
+``sequential_update`` is the reference for tests and benchmarks: the original CEM-RL order
+(Pourchot & Sigaud 2019, Algorithm 1 / ``es_grad.py``), one member after the other, each
+doing its share of the critic updates on its own sub-batches, then its actor updates
+through the current critic. Over ``K`` steps it does exactly ``K`` critic updates and ``K``
+actor updates per member, like ``train`` (vectorized) does.
+
+DvD (``diversity`` given): the embedding of actor ``i`` is its actions on all ``pop * B``
+observations of the step (``lax.all_gather``), the kernel is the RBF
+``K_ij = exp(-||e_i - e_j||^2 / (2 * rbf_scale))``, and ``weight * (-log det(K + eps I))``
+is added to each member's DPG loss (its gradient is added before the Adam step, as in the
+fast-PBT release). The log-determinant is Cholesky-based with a larger-jitter fallback and
+never produces NaN for finite actors, including identical ones (singular ``K``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from popjax.learners.base import adam_init, adam_step, polyak, select
+from popjax.learners.td3 import TD3Config, TD3HParams, critic_loss_fn
+from popjax.networks.mlp import DeterministicActor, TwinCritic
+from popjax.types import EnvSpec, Key, Metrics, PyTree, Transition
+
+AXIS = "pop"
+FALLBACK_JITTER = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class DiversityConfig:
+    """Static DvD settings (the weight itself is a traced argument of ``update``).
+
+    Attributes:
+      rbf_scale: ``K = exp(-D / (2 * rbf_scale))`` with ``D`` the squared embedding distance
+        (not normalised by the embedding size, as in the fast-PBT release; 1.0 there).
+      jitter: ``eps`` in ``log det(K + eps I)``; ``K`` has a unit diagonal.
+      embedding_states: how many of the step's ``pop * B`` observations form the embedding
+        (the first ones of the gathered batch); 0 = all of them (release).
+      normalize: divide ``D`` by the embedding size, so ``rbf_scale`` is in units of squared
+        action difference per coordinate. With the release's unnormalised ``D`` (sums over
+        ``pop * B * |A|`` coordinates), ``K`` is ~identity unless actors nearly coincide,
+        and the diversity gradient vanishes; normalising keeps it active at any batch size.
+    """
+
+    rbf_scale: float = 1.0
+    jitter: float = 1e-6
+    embedding_states: int = 0
+    normalize: bool = False
+
+
+@struct.dataclass
+class SharedCriticState:
+    """Per-member actors (leading ``[pop]`` axis) and one shared critic (no member axis)."""
+
+    actor: PyTree  # [pop, ...]
+    target_actor: PyTree  # [pop, ...]
+    actor_opt: PyTree  # [pop, ...]
+    critic: PyTree
+    target_critic: PyTree
+    critic_opt: PyTree
+    steps: jax.Array  # int32 scalar, shared critic updates done
+
+
+class SharedCriticTD3(NamedTuple):
+    """Pure population-level functions (see ``make_shared_critic_td3``)."""
+
+    init: Callable  # (key, hparams[pop]) -> state
+    update: Callable  # (keys[pop], state, batch[pop, B], hparams[pop], weight=0.) -> (state, metrics[pop])
+    critic_grads: Callable  # (keys[pop], state, batch[pop, B], hparams[pop]) -> (loss, grads, member_losses)
+    train: Callable  # (keys[K, pop], state, batches[K, pop, B], hparams, weight=0.) -> (state, metrics[pop])
+    sequential_update: Callable  # (keys[K, pop], state, batches[K, pop, B], hparams) -> (state, metrics[pop])
+    critic_step: Callable  # one sequential critic update on one member's batch
+    actor_step: Callable  # one sequential actor update of one member
+    policy: Callable  # (state, obs[pop, ...]) -> actions[pop, ...]
+    act: Callable  # (key, state, obs[pop, ...], hparams[pop]) -> actions with exploration noise
+    load_actors: Callable  # (state, actors[pop]) -> state (fresh targets and Adam states)
+    actor_apply: Callable  # (actor_params, obs) -> action (one member)
+    init_actor: Callable  # (key) -> one member's actor params
+    pop_size: int
+
+
+# --- DvD: kernel and numerically safe log-determinant ------------------------------------------
+def rbf_kernel(embeddings: jax.Array, rbf_scale: float = 1.0, normalize: bool = False) -> jax.Array:
+    """``K_ij = exp(-||e_i - e_j||^2 / (2 rbf_scale))`` for embeddings ``[n, dim]`` (``/ dim`` if normalize).
+
+    Distances come from explicit differences (not ``|a|^2 + |b|^2 - 2ab``), so ``K`` is
+    exactly symmetric with an exactly unit diagonal, and the gradient at ``e_i == e_j`` is 0.
+    """
+    diff = embeddings[:, None, :] - embeddings[None, :, :]
+    sq_dist = jnp.sum(diff * diff, axis=-1)
+    if normalize:
+        sq_dist = sq_dist / embeddings.shape[-1]
+    return jnp.exp(-sq_dist / (2.0 * rbf_scale))
+
+
+def _chol_logdet(matrix: jax.Array) -> jax.Array:
+    return 2.0 * jnp.sum(jnp.log(jnp.diagonal(jnp.linalg.cholesky(matrix))))
+
+
+def safe_logdet(kernel: jax.Array, jitter: float = 1e-6) -> jax.Array:
+    """``log det(K + jitter I)`` by Cholesky, with a ``FALLBACK_JITTER`` retry; never NaN for finite K.
+
+    If the first factorisation fails (float32 rounding can make a near-singular PSD kernel
+    numerically indefinite; the Cholesky then has NaNs), the value is recomputed with the
+    larger jitter. The "double where" feeds each branch a harmless identity when it is not
+    the selected one, so no NaN can leak into the gradient through ``0 * NaN``.
+    """
+    n = kernel.shape[-1]
+    eye = jnp.eye(n, dtype=kernel.dtype)
+    kernel = 0.5 * (kernel + kernel.T)
+    probe = jnp.linalg.cholesky(jax.lax.stop_gradient(kernel) + jitter * eye)
+    ok = jnp.all(jnp.isfinite(probe))
+    first = _chol_logdet(jnp.where(ok, kernel, eye) + jitter * eye)
+    fallback = _chol_logdet(jnp.where(ok, eye, kernel) + max(FALLBACK_JITTER, jitter) * eye)
+    return jnp.where(ok, first, fallback)
+
+
+def diversity_loss(embeddings: jax.Array, rbf_scale: float = 1.0, jitter: float = 1e-6,
+                   normalize: bool = False) -> jax.Array:
+    """DvD's loss ``-log det(K + eps I)`` of the RBF kernel over embeddings ``[n, dim]``."""
+    return -safe_logdet(rbf_kernel(embeddings, rbf_scale, normalize), jitter)
+
+
+def mean_pairwise_distance(embeddings: jax.Array) -> jax.Array:
+    """Mean over pairs ``i < j`` of the RMS difference ``sqrt(||e_i - e_j||^2 / dim)`` (a metric, no grad)."""
+    n, dim = embeddings.shape
+    if n < 2:
+        return jnp.zeros((), embeddings.dtype)
+    diff = embeddings[:, None, :] - embeddings[None, :, :]
+    d = jnp.sum(diff * diff, axis=-1) / dim
+    iu = jnp.triu_indices(n, 1)
+    return jnp.mean(jnp.sqrt(d[iu]))
+
+
+# --- the learner --------------------------------------------------------------------------------
+def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
+                           diversity: DiversityConfig | None = None) -> SharedCriticTD3:
+    """Builds the shared-critic TD3 population functions.
+
+    Args:
+      config: TD3 network sizes (``hidden``) and batch size.
+      spec: environment spec (continuous actions).
+      pop_size: number of actors (the members that receive gradient steps).
+      diversity: DvD settings; None compiles no diversity term (CEM-RL).
+    """
+    if spec.discrete:
+        raise ValueError("the shared-critic TD3 needs continuous actions")
+    actor_net = DeterministicActor(config.hidden, spec.action_dim)
+    critic_net = TwinCritic(config.hidden)
+    obs0 = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
+    act0 = jnp.zeros((1, spec.action_dim), jnp.float32)
+
+    def init_actor(key: Key) -> PyTree:
+        return actor_net.init(key, obs0)
+
+    def init(key: Key, hparams: TD3HParams) -> SharedCriticState:
+        del hparams
+        key_actors, key_critic = jax.random.split(key)
+        actors = jax.vmap(init_actor)(jax.random.split(key_actors, pop_size))
+        critic = critic_net.init(key_critic, obs0, act0)
+        return SharedCriticState(actor=actors, target_actor=actors, actor_opt=jax.vmap(adam_init)(actors),
+                                 critic=critic, target_critic=critic, critic_opt=adam_init(critic),
+                                 steps=jnp.zeros((), jnp.int32))
+
+    def load_actors(state: SharedCriticState, actors: PyTree) -> SharedCriticState:
+        """New actors (CEM-RL samples): target := actor and a fresh Adam state, as in the release."""
+        return state.replace(actor=actors, target_actor=jax.tree.map(jnp.copy, actors),
+                             actor_opt=jax.vmap(adam_init)(actors))
+
+    def target_q(key: Key, target_actor, target_critic, batch: Transition, hp: TD3HParams) -> jax.Array:
+        noise = hp.target_noise * jax.random.normal(key, batch.action.shape)
+        noise = jnp.clip(noise, -hp.noise_clip, hp.noise_clip)
+        next_action = jnp.clip(actor_net.apply(target_actor, batch.next_obs) + noise, -1.0, 1.0)
+        next_q = critic_net.apply(target_critic, batch.next_obs, next_action).min(axis=0)
+        return batch.reward + hp.discount * (1.0 - batch.terminated) * next_q
+
+    def actor_loss_fn(actor, critic, obs):
+        return -critic_net.apply(critic, obs, actor_net.apply(actor, obs))[0].mean()
+
+    def diversity_term(actor, obs_all):
+        """Member's share of DvD: (loss, d loss / d own actor, distance metric); unbatched loss."""
+        emb, pullback = jax.vjp(lambda p: actor_net.apply(p, obs_all).reshape(-1), actor)
+        embeddings = jax.lax.all_gather(emb, AXIS)  # [pop, S * A], identical for every member
+        loss, grad_emb = jax.value_and_grad(diversity_loss)(embeddings, diversity.rbf_scale, diversity.jitter,
+                                                            diversity.normalize)
+        (grads,) = pullback(grad_emb[jax.lax.axis_index(AXIS)])
+        return loss, grads, mean_pairwise_distance(jax.lax.stop_gradient(embeddings))
+
+    def member_critic_grads(key, target_actor, batch, hp, critic, target_critic):
+        """Member's TD loss on its own sub-batch (own target actor and noise key) and the
+        population mean of loss and gradient (= loss and gradient of the mean over all pop*B
+        samples, the sub-batches having equal sizes)."""
+        y = jax.lax.stop_gradient(target_q(key, target_actor, target_critic, batch, hp))
+        loss_and_grad = jax.value_and_grad(critic_loss_fn, has_aux=True)
+        (member_loss, q), grads = loss_and_grad(critic, critic_net, batch, y)
+        return member_loss, q, jax.lax.pmean(member_loss, AXIS), jax.lax.pmean(grads, AXIS)
+
+    def member_step(key, actor, target_actor, actor_opt, batch, hp, critic, target_critic, critic_opt, steps,
+                    weight):
+        # 1. Shared critic, updated once with the population-mean gradient.
+        member_loss, q, critic_loss, grads = member_critic_grads(key, target_actor, batch, hp, critic,
+                                                                 target_critic)
+        new_critic, new_critic_opt = adam_step(critic, grads, critic_opt, jax.lax.pmean(hp.critic_lr, AXIS))
+        critic_policy_step = (steps + 1) % jax.lax.pmin(hp.policy_delay, AXIS) == 0
+        moved = polyak(target_critic, new_critic, jax.lax.pmean(hp.tau, AXIS))
+        new_target_critic = select(critic_policy_step, moved, target_critic)
+
+        # 2. Actors: DPG through the just-updated shared critic (+ DvD's diversity gradient).
+        actor_loss, actor_grads = jax.value_and_grad(actor_loss_fn)(actor, new_critic, batch.obs)
+        metrics = {"critic_loss": critic_loss, "member_critic_loss": member_loss, "actor_loss": actor_loss,
+                   "q_mean": q.mean()}
+        if diversity is not None:
+            obs_all = jax.lax.all_gather(batch.obs, AXIS).reshape((-1,) + spec.obs_shape)
+            if diversity.embedding_states:
+                obs_all = obs_all[: diversity.embedding_states]
+            div_loss, div_grads, distance = diversity_term(actor, obs_all)
+            actor_grads = jax.tree.map(lambda g, d: g + weight * d, actor_grads, div_grads)
+            metrics.update(diversity_loss=div_loss, diversity_weight=jnp.asarray(weight, jnp.float32),
+                           embedding_distance=distance)
+        new_actor, new_actor_opt = adam_step(actor, actor_grads, actor_opt, hp.actor_lr)
+        is_policy_step = (steps + 1) % hp.policy_delay == 0
+        new_actor, new_actor_opt = select(is_policy_step, (new_actor, new_actor_opt), (actor, actor_opt))
+        new_target_actor = select(is_policy_step, polyak(target_actor, new_actor, hp.tau), target_actor)
+        critic_part = (new_critic, new_critic_opt, new_target_critic)
+        return critic_part, (new_actor, new_target_actor, new_actor_opt), metrics
+
+    v_critic_grads = jax.vmap(member_critic_grads, in_axes=(0, 0, 0, 0, None, None),
+                              out_axes=(0, 0, None, None), axis_name=AXIS)
+
+    def critic_grads(keys: Key, state: SharedCriticState, batch: Transition, hparams: TD3HParams):
+        """``(population_loss, population_grads, member_losses [pop])`` of the shared critic (no update)."""
+        member_losses, _, loss, grads = v_critic_grads(keys, state.target_actor, batch, hparams, state.critic,
+                                                       state.target_critic)
+        return loss, grads, member_losses
+
+    v_member_step = jax.vmap(member_step, in_axes=(0, 0, 0, 0, 0, 0, None, None, None, None, None),
+                             out_axes=(None, 0, 0), axis_name=AXIS)
+
+    def update(keys: Key, state: SharedCriticState, batch: Transition, hparams: TD3HParams,
+               weight: jax.Array | float = 0.0) -> tuple[SharedCriticState, Metrics]:
+        """One vectorized step: ``keys [pop]``, ``batch [pop, B, ...]``; ``weight`` = DvD weight (traced)."""
+        critic_part, actor_part, metrics = v_member_step(
+            keys, state.actor, state.target_actor, state.actor_opt, batch, hparams, state.critic,
+            state.target_critic, state.critic_opt, state.steps, jnp.asarray(weight, jnp.float32))
+        critic, critic_opt, target_critic = critic_part
+        actor, target_actor, actor_opt = actor_part
+        new_state = SharedCriticState(actor=actor, target_actor=target_actor, actor_opt=actor_opt,
+                                      critic=critic, target_critic=target_critic, critic_opt=critic_opt,
+                                      steps=state.steps + 1)
+        return new_state, metrics
+
+    def train(keys: Key, state: SharedCriticState, batches: Transition, hparams: TD3HParams,
+              weight: jax.Array | float = 0.0) -> tuple[SharedCriticState, Metrics]:
+        """``K`` vectorized steps (scan) over ``keys [K, pop]``, ``batches [K, pop, B, ...]``; mean metrics"""
+
+        def body(state, xs):
+            step_keys, batch = xs
+            return update(step_keys, state, batch, hparams, weight)
+
+        state, metrics = jax.lax.scan(body, state, (keys, batches))
+        return state, jax.tree.map(lambda m: m.mean(axis=0), metrics)
+
+    # --- the sequential CEM-RL reference --------------------------------------------------------
+    def critic_step(key: Key, critic_part, target_actor, batch: Transition, hp: TD3HParams):
+        """One critic update on one member's sub-batch (targets from that member's target actor).
+
+        ``critic_part = (critic, critic_opt, target_critic)``; the target critic moves every
+        critic update (CEM-RL: policy delay 1).
+        """
+        critic, critic_opt, target_critic = critic_part
+        y = jax.lax.stop_gradient(target_q(key, target_actor, target_critic, batch, hp))
+        (loss, _), grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(critic, critic_net, batch, y)
+        critic, critic_opt = adam_step(critic, grads, critic_opt, hp.critic_lr)
+        return (critic, critic_opt, polyak(target_critic, critic, hp.tau)), loss
+
+    def actor_step(actor_part, critic, obs: jax.Array, hp: TD3HParams):
+        """One DPG update of one member through ``critic``; ``actor_part = (actor, opt, target_actor)``."""
+        actor, actor_opt, target_actor = actor_part
+        loss, grads = jax.value_and_grad(actor_loss_fn)(actor, critic, obs)
+        actor, actor_opt = adam_step(actor, grads, actor_opt, hp.actor_lr)
+        return (actor, actor_opt, polyak(target_actor, actor, hp.tau)), loss
+
+    def sequential_update(keys: Key, state: SharedCriticState, batches: Transition,
+                          hparams: TD3HParams) -> tuple[SharedCriticState, Metrics]:
+        """The CEM-RL order over ``K`` steps (``keys [K, pop]``, ``batches [K, pop, B, ...]``).
+
+        Member ``i`` in turn: its ``K // pop`` (+1 for the first ``K % pop`` members) critic
+        updates, each on its own sub-batch of a distinct step ``s`` with ``keys[s, i]``, then its
+        ``K`` actor updates through the current critic on ``batches[:, i]``. Totals: ``K`` critic
+        updates (as ``train``), ``K`` actor updates per member. Ignores ``policy_delay``
+        (CEM-RL uses 1). Python loop over members: the order is the point of this function.
+        """
+        n_steps = keys.shape[0]
+        counts = [n_steps // pop_size + (i < n_steps % pop_size) for i in range(pop_size)]
+        critic_part = (state.critic, state.critic_opt, state.target_critic)
+        actors, critic_losses, actor_losses = [], [], []
+        start = 0
+        for i, count in enumerate(counts):
+            hp = jax.tree.map(lambda x, i=i: x[i], hparams)
+            member = lambda tree, i=i: jax.tree.map(lambda x: x[i], tree)
+            sub = jax.tree.map(lambda x, i=i, start=start, count=count: x[start:start + count, i], batches)
+
+            def critic_body(part, xs, i=i, hp=hp, member=member):
+                return critic_step(xs[0], part, member(state.target_actor), xs[1], hp)
+
+            critic_part, losses = jax.lax.scan(critic_body, critic_part, (keys[start:start + count, i], sub))
+            critic_losses.append(losses.mean() if count else jnp.zeros(()))
+            start += count
+
+            def actor_body(part, obs, hp=hp, critic=critic_part[0]):
+                return actor_step(part, critic, obs, hp)
+
+            part = (member(state.actor), member(state.actor_opt), member(state.target_actor))
+            part, losses = jax.lax.scan(actor_body, part, batches.obs[:, i])
+            actors.append(part)
+            actor_losses.append(losses.mean())
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *actors)
+        critic, critic_opt, target_critic = critic_part
+        new_state = SharedCriticState(actor=stacked[0], actor_opt=stacked[1], target_actor=stacked[2],
+                                      critic=critic, critic_opt=critic_opt, target_critic=target_critic,
+                                      steps=state.steps + n_steps)
+        metrics = {"member_critic_loss": jnp.stack(critic_losses), "actor_loss": jnp.stack(actor_losses)}
+        return new_state, metrics
+
+    def policy(state: SharedCriticState, obs: jax.Array) -> jax.Array:
+        return jax.vmap(actor_net.apply)(state.actor, obs)
+
+    def act(key: Key, state: SharedCriticState, obs: jax.Array, hparams: TD3HParams) -> jax.Array:
+        action = policy(state, obs)
+        sigma = hparams.exploration_noise.reshape((-1,) + (1,) * (action.ndim - 1))
+        return jnp.clip(action + sigma * jax.random.normal(key, action.shape), -1.0, 1.0)
+
+    return SharedCriticTD3(init=init, update=update, critic_grads=critic_grads, train=train,
+                           sequential_update=sequential_update, critic_step=critic_step,
+                           actor_step=actor_step, policy=policy, act=act,
+                           load_actors=load_actors, actor_apply=actor_net.apply, init_actor=init_actor,
+                           pop_size=pop_size)
+
+
+def from_member_states(td3_states) -> SharedCriticState:
+    """A shared-critic state from stacked single-agent ``TD3State``s; the critic of member 0 is shared."""
+    first = lambda tree: jax.tree.map(lambda x: x[0], tree)
+    return SharedCriticState(actor=td3_states.actor, target_actor=td3_states.target_actor,
+                             actor_opt=td3_states.actor_opt, critic=first(td3_states.critic),
+                             target_critic=first(td3_states.target_critic),
+                             critic_opt=first(td3_states.critic_opt),
+                             steps=td3_states.steps[0])

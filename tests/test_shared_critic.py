@@ -1,0 +1,185 @@
+"""The vectorized shared-critic TD3 step (CEM-RL / DvD): reference §5.2 and test T7."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from popjax.learners import td3
+from popjax.learners.base import adam_step
+from popjax.learners.shared_critic import from_member_states, make_shared_critic_td3
+from popjax.networks.mlp import DeterministicActor, TwinCritic
+from popjax.population import tree
+from popjax.population.hparams import population_hparams
+from popjax.types import EnvSpec, Transition
+
+SPEC = EnvSpec("test", (3,), action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+CONFIG = td3.TD3Config(hidden=(16, 16), batch_size=8)
+ACTOR = DeterministicActor(CONFIG.hidden, SPEC.action_dim)
+CRITIC = TwinCritic(CONFIG.hidden)
+POP, K = 3, 4
+
+# Module-level learners and jitted functions: every test reuses the same compilations, and
+# XLA's backend optimisations are off (halves compile time; these programs are tiny).
+JIT = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+SINGLE = td3.make_td3(CONFIG, SPEC)
+SHARED1 = make_shared_critic_td3(CONFIG, SPEC, 1)
+SHARED = make_shared_critic_td3(CONFIG, SPEC, POP)
+TRACES = []
+
+
+def _counted_train(keys, state, b, hp):
+    TRACES.append(1)
+    return SHARED.train(keys, state, b, hp)
+
+
+TRAIN = JIT(_counted_train)
+UPDATE = JIT(SHARED.update)
+
+
+def batches(seed, shape):
+    """Random transitions with leading axes ``shape`` (numpy RNG: nothing to compile)."""
+    rng = np.random.default_rng(seed)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    return Transition(obs=f32(rng.normal(size=shape + (3,))), action=f32(rng.uniform(-1, 1, shape + (2,))),
+                      reward=f32(rng.normal(size=shape)), next_obs=f32(rng.normal(size=shape + (3,))),
+                      terminated=f32(rng.uniform(size=shape) < 0.2))
+
+
+def step_keys(seed, shape):
+    return jax.random.split(jax.random.key(seed), int(np.prod(shape))).reshape(shape)
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves_a) == len(leaves_b)
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+SINGLE_INIT, SINGLE_UPDATE, SHARED1_UPDATE = JIT(SINGLE.init), JIT(SINGLE.update), JIT(SHARED1.update)
+
+
+def initial_state(hp, seed=0):
+    """Members' actors and member 0's critic from single-agent TD3 inits (reuses one compilation)."""
+    keys = jax.random.split(jax.random.key(seed), hp.actor_lr.shape[0])
+    return from_member_states(tree.stack([SINGLE_INIT(k, tree.member(hp, i)) for i, k in enumerate(keys)]))
+
+
+def trained_state(hp):
+    """A 3-member state whose critic, targets and Adam moments are off their initial values."""
+    return TRAIN(step_keys(1, (K, POP)), initial_state(hp), batches(2, (K, POP, CONFIG.batch_size)), hp)[0]
+
+
+@pytest.mark.parametrize("delay", [1, 2])
+def test_one_member_equals_single_agent_td3(delay):
+    hp = population_hparams(td3.default_hparams(), 1, {"policy_delay": delay, "discount": 0.9, "tau": 0.05})
+    ref = SINGLE_INIT(jax.random.key(3), tree.member(hp, 0))
+    state = from_member_states(tree.stack([ref]))
+    update_single, update_shared = SINGLE_UPDATE, SHARED1_UPDATE
+    for t in range(4):
+        key = jax.random.key(10 + t)
+        b = batches(20 + t, (1, CONFIG.batch_size))
+        ref, ref_metrics = update_single(key, ref, tree.member(b, 0), tree.member(hp, 0))
+        state, metrics = update_shared(key[None], state, b, hp)
+        np.testing.assert_allclose(metrics["critic_loss"][0], ref_metrics["critic_loss"], rtol=1e-6)
+        np.testing.assert_allclose(metrics["actor_loss"][0], ref_metrics["actor_loss"], rtol=1e-6)
+    assert int(state.steps) == int(ref.steps) == 4
+    assert_trees_close(tree.member(state.actor, 0), ref.actor)
+    assert_trees_close(tree.member(state.target_actor, 0), ref.target_actor)
+    assert_trees_close(tree.member(state.actor_opt, 0), ref.actor_opt)
+    assert_trees_close(state.critic, ref.critic)
+    assert_trees_close(state.target_critic, ref.target_critic)
+    assert_trees_close(state.critic_opt, ref.critic_opt)
+    # the critic moved every step, the actor on policy steps only (4 steps / delay)
+    assert int(state.critic_opt.count) == 4
+    assert int(tree.member(state.actor_opt, 0).count) == 4 // delay
+
+
+def hand_member_loss(critic, target_actor, target_critic, batch, hp, key):
+    """TD3's critic loss for one member, written out (y with the member's own noise draw)."""
+    noise = hp.target_noise * jax.random.normal(key, batch.action.shape)
+    noise = jnp.clip(noise, -hp.noise_clip, hp.noise_clip)
+    next_action = jnp.clip(ACTOR.apply(target_actor, batch.next_obs) + noise, -1.0, 1.0)
+    next_q = jnp.min(CRITIC.apply(target_critic, batch.next_obs, next_action), axis=0)
+    y = jax.lax.stop_gradient(batch.reward + hp.discount * (1.0 - batch.terminated) * next_q)
+    q = CRITIC.apply(critic, batch.obs, batch.action)
+    return jnp.sum(jnp.mean((q - y) ** 2, axis=-1))
+
+
+def test_population_critic_loss_and_gradient_are_member_means():
+    hp = population_hparams(td3.default_hparams(), POP, {"discount": [0.99, 0.9, 0.5],
+                                                          "target_noise": [0.2, 0.0, 0.5]})
+    state = trained_state(hp)
+    b = batches(5, (POP, CONFIG.batch_size))
+    keys = step_keys(6, (POP,))
+    loss, grads, member_losses = JIT(SHARED.critic_grads)(keys, state, b, hp)
+
+    hand = JIT(jax.value_and_grad(hand_member_loss))
+    by_hand = [hand(state.critic, tree.member(state.target_actor, i), state.target_critic, tree.member(b, i),
+                    tree.member(hp, i), keys[i]) for i in range(POP)]
+    losses = np.array([float(v) for v, _ in by_hand])
+    np.testing.assert_allclose(member_losses, losses, rtol=1e-5)
+    np.testing.assert_allclose(loss, losses.mean(), rtol=1e-5)
+    assert np.ptp(losses) > 1e-3  # members really differ, so a sum or a single member would fail
+    mean_grads = jax.tree.map(lambda *g: sum(g) / POP, *[g for _, g in by_hand])
+    assert_trees_close(grads, mean_grads, rtol=1e-4, atol=1e-6)
+
+    # The update applies exactly that gradient once (Adam, lr = the population's critic lr).
+    new_state, metrics = UPDATE(keys, state, b, hp)
+    np.testing.assert_allclose(metrics["critic_loss"], np.full(POP, losses.mean()), rtol=1e-5)
+    np.testing.assert_allclose(metrics["member_critic_loss"], losses, rtol=1e-5)
+    expected, _ = adam_step(state.critic, mean_grads, state.critic_opt, hp.critic_lr[0])
+    assert_trees_close(new_state.critic, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_actor_step_is_each_members_dpg_through_the_updated_critic():
+    hp = population_hparams(td3.default_hparams(), POP, {"policy_delay": 1, "actor_lr": [1e-3, 3e-4, 0.0]})
+    state = trained_state(hp)
+    b = batches(8, (POP, CONFIG.batch_size))
+    new_state, _ = UPDATE(step_keys(9, (POP,)), state, b, hp)
+
+    @jax.jit
+    def expected_actor(actor, opt, obs, lr):
+        dpg = lambda actor: -CRITIC.apply(new_state.critic, obs, ACTOR.apply(actor, obs))[0].mean()
+        return adam_step(actor, jax.grad(dpg)(actor), opt, lr)[0]
+
+    for i in range(POP):
+        expected = expected_actor(tree.member(state.actor, i), tree.member(state.actor_opt, i), b.obs[i],
+                                  hp.actor_lr[i])
+        assert_trees_close(tree.member(new_state.actor, i), expected, rtol=1e-4, atol=1e-6)
+    # member 2 has actor_lr 0: its actor is unchanged while the others moved
+    assert_trees_close(tree.member(new_state.actor, 2), tree.member(state.actor, 2), rtol=0, atol=0)
+    assert not np.allclose(jax.tree.leaves(new_state.actor)[0][0], jax.tree.leaves(state.actor)[0][0])
+
+
+def test_sequential_reference_counts_and_one_step_equivalence():
+    # K = 1, one member: the CEM-RL order and the vectorized step coincide.
+    hp1 = population_hparams(td3.default_hparams(), 1, {"policy_delay": 1})
+    state1 = initial_state(hp1, seed=4)
+    b1, keys1 = batches(11, (1, 1, CONFIG.batch_size)), step_keys(12, (1, 1))
+    seq, _ = JIT(SHARED1.sequential_update)(keys1, state1, b1, hp1)
+    vec, _ = SHARED1_UPDATE(keys1[0], state1, tree.member(b1, 0), hp1)
+    assert_trees_close(seq, vec)
+
+    # K = 4 steps, 3 members (critic shares 2/1/1): both orders make exactly K critic updates
+    # and K updates per actor; the vectorized one compiles once for new hparam values.
+    hp = population_hparams(td3.default_hparams(), POP, {"policy_delay": 1})
+    state = trained_state(hp)
+    b, keys = batches(13, (K, POP, CONFIG.batch_size)), step_keys(14, (K, POP))
+    seq, seq_metrics = JIT(SHARED.sequential_update)(keys, state, b, hp)
+    vec, _ = TRAIN(keys, state, b, hp)
+    for s in (seq, vec):
+        assert int(s.steps) == 2 * K
+        assert int(s.critic_opt.count) == 2 * K
+        np.testing.assert_array_equal(s.actor_opt.count, [2 * K] * POP)
+        assert all(np.isfinite(x).all() for x in jax.tree.leaves(s))
+    assert np.isfinite(seq_metrics["member_critic_loss"]).all()
+    # the two orders differ (the paper's second-order change)
+    assert not np.allclose(jax.tree.leaves(seq.critic)[0], jax.tree.leaves(vec.critic)[0])
+    new_values = {"actor_lr": [1e-2, 1e-5, 0.0], "policy_delay": [1, 3, 2]}
+    hp2 = population_hparams(td3.default_hparams(), POP, new_values)
+    TRAIN(keys, state, b, hp2)
+    assert len(TRACES) == 1
