@@ -144,30 +144,37 @@ def test_brax_inverted_pendulum_spec_vec_env_and_termination():
     assert (spec.obs_shape, spec.action_dim, spec.action_low, spec.action_high, spec.max_episode_steps) == (
         (4,), 1, (-1.0,), (1.0,), 1000)
     assert registry.is_jax_env("brax:inverted_pendulum")
-    n = 3
+    n, steps = 3, 25
     vec = make_vec_env(registry.make_jax_env("brax:inverted_pendulum"))
-    step = jax.jit(vec.step)
-    state = vec.reset(jax.random.key(0), n)
-    assert np.all(np.abs(np.asarray(state.obs)) <= 0.01)
-    action = jnp.ones((n, 1))  # full push: the pole tips past 0.2 rad
-    rewards, out = [], None
-    for t in range(1, 151):
-        before = state
-        state, out = step(jax.random.key(t), state, action)
-        tr = Transition(before.obs, action, out.reward, out.next_obs, out.terminated)
-        assert shapes_dtypes(tr) == shapes_dtypes(
-            jax.tree.map(lambda x: jnp.zeros((n, *x.shape), x.dtype), dummy_transition(spec)))
-        rewards.append(np.asarray(out.reward))
-        if bool(out.done.any()):
-            break
-    assert bool(out.done.all()), f"no termination within {t} steps"
-    np.testing.assert_array_equal(out.terminated, np.ones(n))
-    np.testing.assert_array_equal(out.truncated, np.zeros(n))
-    assert np.all(np.abs(np.asarray(out.next_obs)[:, 1]) > 0.2)  # pre-reset terminal obs
-    assert np.all(np.abs(np.asarray(state.obs)) <= 0.01)  # reset obs
-    np.testing.assert_allclose(out.finished_return, np.sum(rewards, axis=0))
-    assert float(out.finished_return[0]) == float(t)  # reward 1 per step
-    np.testing.assert_array_equal(state.t, np.zeros(n))
+    action = jnp.ones((n, 1))  # full push: the pole tips past 0.2 rad within a few steps
+
+    @jax.jit  # one compilation for reset + rollout (an eager brax reset alone takes ~10 s)
+    def run(key):
+        def body(s, k):
+            s2, out = vec.step(k, s, action)
+            return s2, (s.obs, out)
+
+        return jax.lax.scan(body, vec.reset(key, n), jax.random.split(key, steps))
+
+    final, (obs_before, out) = jax.device_get(run(jax.random.key(0)))
+    actions = np.broadcast_to(action, (steps, n, 1))
+    tr = Transition(obs_before, actions, out.reward, out.next_obs, out.terminated)
+    assert shapes_dtypes(tr) == shapes_dtypes(
+        jax.tree.map(lambda x: jnp.zeros((steps, n, *x.shape), x.dtype), dummy_transition(spec)))
+    assert np.all(np.abs(obs_before[0]) <= 0.01)  # brax reset noise is +-0.01
+    done = out.done.any(axis=1)
+    assert done.any(), f"no termination within {steps} steps"
+    d = int(np.argmax(done))  # first step at which an episode ended
+    np.testing.assert_array_equal(out.done[d], np.ones(n, bool))  # same push, same fate
+    np.testing.assert_array_equal(out.terminated[d], np.ones(n))
+    np.testing.assert_array_equal(out.truncated, np.zeros((steps, n)))
+    assert not out.done[:d].any()
+    np.testing.assert_array_equal(out.next_obs[:d], obs_before[1 : d + 1])  # no reset before d
+    assert np.all(np.abs(out.next_obs[d, :, 1]) > 0.2)  # next_obs: the pre-reset terminal obs
+    assert np.all(np.abs(obs_before[d + 1]) <= 0.01)  # then a fresh reset obs
+    np.testing.assert_array_equal(out.finished_return[d], np.full(n, d + 1.0))  # reward 1 per step
+    np.testing.assert_array_equal(out.finished_return[:d], np.zeros((d, n)))
+    assert final.t.shape == (n,) and np.all(final.t < steps)
 
 
 # --- JAX path ---------------------------------------------------------------------------------

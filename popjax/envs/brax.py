@@ -10,22 +10,23 @@ it is reported as ``terminated``.
 Actions: brax envs take actions in [-1, 1] (they map them to actuator ranges internally), so
 the spec's native bounds are -1..1 and ``to_native`` is the identity.
 
-Backend: brax 0.14.2's envs default to ``'generalized'``. On CPU we measured (halfcheetah,
-16 envs, 100-step scanned rollout, 2-core machine shared with other jobs):
+Backend: brax 0.14.2's envs default to ``'generalized'``. On CPU we measured halfcheetah with
+16 envs (a 100-step scanned rollout; 2-core machine shared with other jobs, so wall times are
+inflated and only the ratios are meaningful):
 
-==============  ==================  ===============
-backend         compile + 1st run   env-steps/s
-==============  ==================  ===============
-generalized     ~26 s               ~1.4k
-positional      ~40 s               ~1.5k
-spring          ~23 s               ~4.6k
-mjx             ~79 s               ~0.8k
-==============  ==================  ===============
+=============  ===============================  ============================================
+backend        raw brax env: compile / steps/s  ``make_vec_env``: compile (CPU s) / steps/s
+=============  ===============================  ============================================
+generalized    ~26 s / ~1.4k                    ~63 s / ~0.7k
+positional     ~40 s / ~1.5k                    --
+spring         ~23 s / ~4.6k                    ~47 s / ~3.0k
+mjx            ~79 s / ~0.8k                    --
+=============  ===============================  ============================================
 
-``DEFAULT_BACKEND = 'spring'`` (``'generalized'`` for swimmer, which supports nothing else) is
-the fastest to both compile and run on CPU. It uses a
-smaller physics timestep with more substeps (same env ``dt``) and different actuator gears
-than ``'generalized'``, so its dynamics and returns are *not* those of MuJoCo; pass
+``DEFAULT_BACKEND = 'spring'`` is the fastest to both compile and run on CPU (swimmer only
+supports ``'generalized'``, and fails to trace under jax 0.10, so the registry leaves it out).
+Spring uses a smaller physics timestep with more substeps (same env ``dt``) and different
+actuator gears than ``'generalized'``, so its dynamics and returns are *not* those of MuJoCo; pass
 ``backend='generalized'`` for the most faithful brax physics. Published MuJoCo numbers come
 from the host path (``gym:<id>``), not from here.
 """
