@@ -96,7 +96,7 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag)
         if value is not None:
             options[field] = yaml.safe_load(value) if field not in ("env", "learner", "driver") else value
-    for key, name, pairs in (("hparams", "--hparam", args.hparam), ("learner_config", "--learner-config",
+    for key, _flag, pairs in (("hparams", "--hparam", args.hparam), ("learner_config", "--learner-config",
                                                                        args.learner_config)):
         if pairs:
             merged = dict(options.get(key) or {})

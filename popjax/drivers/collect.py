@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from popjax.drivers.population import Population, PopState
+from popjax.drivers.population import PopState, Population
 from popjax.envs.base import VecEnv, VecEnvState
 from popjax.types import Key, Transition
 
@@ -34,9 +34,11 @@ class JaxCollector:
         self.envs_per_member = envs_per_member
         self.rollout_len = rollout_len
         self.num_envs = population.pop_size * envs_per_member
+        # Jitted: run op by op, a brax reset takes tens of seconds.
+        self._reset = jax.jit(lambda key: vec_env.reset(key, self.num_envs))
 
     def reset(self, key: Key) -> VecEnvState:
-        return self.vec_env.reset(key, self.num_envs)
+        return self._reset(key)
 
     def collect(self, key: Key, state: PopState, env_state: VecEnvState, explore: bool):
         """Steps all envs ``rollout_len`` times and adds the transitions to the members' buffers.

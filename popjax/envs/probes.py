@@ -24,7 +24,8 @@ def pendulum() -> JaxEnv:
         return jnp.stack([jnp.cos(th), jnp.sin(th), thdot]).astype(jnp.float32)
 
     def reset(key):
-        th, thdot = jax.random.uniform(key, (2,), minval=jnp.array([-jnp.pi, -1.0]), maxval=jnp.array([jnp.pi, 1.0]))
+        high = jnp.array([jnp.pi, 1.0])
+        th, thdot = jax.random.uniform(key, (2,), minval=-high, maxval=high)
         state = jnp.stack([th, thdot])
         return state, obs_of(th, thdot)
 
