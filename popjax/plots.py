@@ -51,3 +51,105 @@ def plot_run(run_dir) -> list[Path]:
 
     written += extra_plots(cfg.get("driver"), rd)
     return written
+
+
+def pbt_hparams_plot(rows: list[dict[str, float]], names: list[str], path: Path, title: str = "") -> Path:
+    """PBT schedules: every hyperparameter that changes, per member over env steps (from metrics.csv).
+
+    A row logged at an evaluation holds the hparams used up to it; an exploit right after
+    the evaluation shows up at the next one (steps-post drawing).
+    """
+    varying = [n for n in names if len({row[n] for row in rows if n in row}) > 1] or \
+        [n for n in names if rows and n in rows[0]]
+    cols = min(3, max(1, len(varying)))
+    nrows = max(1, -(-len(varying) // cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.8 * nrows), squeeze=False)
+    members = sorted({int(row["member"]) for row in rows})
+    cmap = plt.get_cmap("tab10" if len(members) <= 10 else "tab20")
+    for ax, name in zip(axes.flat, varying, strict=False):
+        values = []
+        for i, m in enumerate(members):
+            points = sorted((row["env_steps"], row[name]) for row in rows if int(row["member"]) == m)
+            xs, ys = zip(*points, strict=True)
+            values += ys
+            ax.step(xs, ys, where="pre", lw=1.2, alpha=0.8, color=cmap(i % cmap.N), label=f"member {m}")
+        if min(values) > 0 and max(values) / min(values) > 10:
+            ax.set_yscale("log")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("env steps per member", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(varying):]:
+        ax.axis("off")
+    if varying:
+        axes.flat[0].legend(fontsize=6, ncol=2)
+    fig.suptitle(title or "PBT hyperparameter schedules", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pbt_lineage_plot(lineage: list[dict], pop_size: int, total_env_steps: float, path: Path, title: str = "",
+                     final_returns: list[float] | None = None) -> Path:
+    """PBT lineage: one line per member slot, coloured by the original member its weights descend
+    from; each exploit is an arrow from the parent's slot to the replaced member's slot."""
+    cmap = plt.get_cmap("tab10" if pop_size <= 10 else "tab20")
+    color = lambda a: cmap(a % cmap.N)
+    ancestor = list(range(pop_size))
+    start = [0.0] * pop_size
+    fig, ax = plt.subplots(figsize=(8, 0.35 * pop_size + 2.2))
+    rounds: dict[float, list[dict]] = defaultdict(list)
+    for entry in lineage:
+        rounds[float(entry["env_steps"])].append(entry)
+    for t in sorted(rounds):
+        new_ancestor = list(ancestor)
+        for e in rounds[t]:
+            m, p = int(e["member"]), int(e["parent"])
+            ax.plot([start[m], t], [m, m], lw=3, color=color(ancestor[m]), solid_capstyle="butt")
+            ax.annotate("", xy=(t, m), xytext=(t, p),
+                        arrowprops={"arrowstyle": "->", "color": color(ancestor[p]), "lw": 1.2})
+            new_ancestor[m], start[m] = ancestor[p], t
+        ancestor = new_ancestor
+    for m in range(pop_size):
+        ax.plot([start[m], total_env_steps], [m, m], lw=3, color=color(ancestor[m]), solid_capstyle="butt")
+        if final_returns is not None and m < len(final_returns):
+            ax.text(total_env_steps, m, f"  {final_returns[m]:.4g}", va="center", fontsize=7)
+    ax.set_yticks(range(pop_size))
+    ax.set_ylabel("member")
+    ax.set_xlabel("env steps per member")
+    ax.set_xlim(0, total_env_steps * (1.12 if final_returns is not None else 1.0))
+    ax.set_ylim(-0.7, pop_size - 0.3)
+    ax.invert_yaxis()
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(title or f"PBT lineage ({len(lineage)} exploits; colour = original member; right: final return)",
+                 fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pbt_plots(rd) -> list[Path]:
+    """``plots/pbt_hparams.png`` from metrics.csv and ``plots/pbt_lineage.png`` from summary.json."""
+    import dataclasses
+
+    from popjax.learners import LEARNERS
+
+    cfg = rd.read_config()
+    rows = rd.read_metrics()
+    definition = LEARNERS.get(cfg.get("learner"))
+    names = [f.name for f in dataclasses.fields(definition.hparams_cls)] if definition else []
+    written = []
+    if rows and names:
+        written.append(pbt_hparams_plot(rows, names, rd.path / "plots" / "pbt_hparams.png",
+                                        f"PBT hyperparameters: {cfg.get('learner')} on {cfg.get('env')}"))
+    if (rd.path / "summary.json").exists():
+        summary = rd.read_summary()
+        written.append(pbt_lineage_plot(summary.get("lineage", []), int(cfg["pop_size"]),
+                                        float(summary.get("env_steps", cfg["total_env_steps"])),
+                                        rd.path / "plots" / "pbt_lineage.png",
+                                        final_returns=summary.get("final_returns")))
+    return written

@@ -7,4 +7,8 @@ from pathlib import Path
 
 def extra_plots(driver: str | None, run_dir) -> list[Path]:
     """Driver-specific plots of a run directory (e.g. PBT hyperparameter schedules)."""
+    if driver == "pbt":
+        from popjax.plots import pbt_plots
+
+        return pbt_plots(run_dir)
     return []
