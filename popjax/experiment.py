@@ -107,7 +107,12 @@ def build(config: RunConfig) -> Setup:
         env = registry.make_host_env(config.env, config.pop_size * config.envs_per_member, config.seed)
         eval_factory = lambda n: registry.make_host_env(config.env, n, config.seed + 10_000)
         collector = HostCollector(population, env, eval_factory, config.envs_per_member, config.rollout_len)
-    return Setup(config, spec, learner_config, learner, population, collector, hparams, sharding)
+    setup = Setup(config, spec, learner_config, learner, population, collector, hparams, sharding)
+    if config.driver in ("cemrl", "dvd"):  # shared-critic drivers bring their own population functions
+        import importlib
+
+        setup = importlib.import_module(f"popjax.drivers.{config.driver}").adapt_setup(setup)
+    return setup
 
 
 class Trainer:
@@ -325,7 +330,7 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
     setup = build(config)
     run_dir = RunDir(out_dir)
     run_dir.write_config(config.to_dict())
-    trainer = Trainer(setup, run_dir, make_driver(setup))
+    trainer = trainer_class(setup)(setup, run_dir, make_driver(setup))
     _clear_run_outputs(run_dir)
     state, env_state = trainer.initial_state()
     return _finish(trainer, state, env_state)
@@ -358,7 +363,7 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
     setup = build(config)
     if overrides:
         run_dir.write_config(config.to_dict())
-    trainer = Trainer(setup, run_dir, make_driver(setup))
+    trainer = trainer_class(setup)(setup, run_dir, make_driver(setup))
     trainer.checkpointer = _checkpointer(run_dir)
     restored = trainer.restore_checkpoint()
     if restored is None:
@@ -425,4 +430,25 @@ def make_driver(setup: Setup):
 
         cfg = setup.config
         return make_pbt_driver(cfg, LEARNERS[cfg.learner], setup.learner_config, setup.sharding)
+    if name == "cemrl":
+        from popjax.drivers.cemrl import CEMRLDriver
+
+        return CEMRLDriver()
+    if name == "dvd":
+        from popjax.drivers.dvd import DvDDriver, settings_from_config
+
+        return DvDDriver(settings_from_config(setup.config))
     raise ConfigError(f"driver: {name!r} is not available yet")
+
+
+def trainer_class(setup: Setup) -> type[Trainer]:
+    """The loop for the driver: CEM-RL runs generations, DvD the base loop (subclassed for its logs)."""
+    if setup.config.driver == "cemrl":
+        from popjax.drivers.cemrl import CEMRLTrainer
+
+        return CEMRLTrainer
+    if setup.config.driver == "dvd":
+        from popjax.drivers.dvd import DvDTrainer
+
+        return DvDTrainer
+    return Trainer

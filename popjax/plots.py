@@ -153,3 +153,82 @@ def pbt_plots(rd) -> list[Path]:
                                         rd.path / "plots" / "pbt_lineage.png",
                                         final_returns=summary.get("final_returns")))
     return written
+
+
+def _per_step(rows: list[dict[str, float]], column: str) -> tuple[list[float], list[float]]:
+    """One value of a population-wide column per logged env step (finite values only)."""
+    seen: dict[float, float] = {}
+    for row in rows:
+        value = row.get(column, float("nan"))
+        if value == value and row["env_steps"] not in seen:  # not NaN
+            seen[row["env_steps"]] = value
+    steps = sorted(seen)
+    return steps, [seen[s] for s in steps]
+
+
+def cemrl_plot(rows: list[dict[str, float]], path: Path, title: str = "") -> Path:
+    """CEM-RL: fitness mean ± std over the population per generation, best fitness, the CEM mean
+    actor's return (the reported metric), and the CEM's mean standard deviation."""
+    by_step: dict[float, list[float]] = defaultdict(list)
+    for row in rows:
+        by_step[row["env_steps"]].append(row["eval_return"])
+    steps = sorted(by_step)
+    mean = [sum(by_step[s]) / len(by_step[s]) for s in steps]
+    std = [(sum((v - m) ** 2 for v in by_step[s]) / len(by_step[s])) ** 0.5 for s, m in zip(steps, mean, strict=True)]
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=(3, 1.3))
+    ax.plot(steps, mean, "C0-", lw=1.5, label="fitness mean")
+    ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
+                    [m + s for m, s in zip(mean, std, strict=True)], color="C0", alpha=0.2, label="fitness ± std")
+    ax.plot(steps, [max(by_step[s]) for s in steps], "C2-", lw=1, alpha=0.8, label="best fitness")
+    xs, ys = _per_step(rows, "cem_mean_return")
+    if xs:
+        ax.plot(xs, ys, "k.-", lw=2, ms=6, label="CEM mean actor (eval)")
+    ax.set_ylabel("episode return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    xs, ys = _per_step(rows, "cem_std_mean")
+    if xs:
+        ax2.semilogy(xs, ys, "C3-", label="mean CEM std (sqrt var)")
+    xs, ys = _per_step(rows, "cov_noise")
+    if xs:
+        ax2.semilogy(xs, [y ** 0.5 for y in ys], "C4--", label="sqrt(cov noise)")
+    ax2.set_xlabel("env steps per member")
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def dvd_plot(rows: list[dict[str, float]], path: Path, title: str = "") -> Path:
+    """DvD: the scheduled diversity weight, the diversity loss -log det K and the embedding distance."""
+    fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    for ax, column, label in zip(axes, ("diversity_weight", "diversity_loss", "embedding_distance"),
+                                 ("diversity weight", "-log det(K + eps I)", "mean RMS action distance"), strict=True):
+        xs, ys = _per_step(rows, column)
+        if xs:
+            ax.plot(xs, ys, "C0.-", drawstyle="steps-post" if column == "diversity_weight" else "default")
+        ax.set_ylabel(label, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_title(title)
+    axes[-1].set_xlabel("env steps per member")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def shared_critic_plots(rd, driver: str) -> list[Path]:
+    """``plots/cemrl_fitness.png`` or ``plots/dvd_diversity.png`` from metrics.csv."""
+    rows = rd.read_metrics()
+    if not rows:
+        return []
+    cfg = rd.read_config()
+    title = f"{driver}: {cfg.get('learner')} on {cfg.get('env')}, pop {cfg.get('pop_size')}"
+    if driver == "cemrl":
+        return [cemrl_plot(rows, rd.path / "plots" / "cemrl_fitness.png", title)]
+    return [dvd_plot(rows, rd.path / "plots" / "dvd_diversity.png", title)]

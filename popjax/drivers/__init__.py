@@ -11,4 +11,8 @@ def extra_plots(driver: str | None, run_dir) -> list[Path]:
         from popjax.plots import pbt_plots
 
         return pbt_plots(run_dir)
+    if driver in ("cemrl", "dvd"):
+        from popjax.plots import shared_critic_plots
+
+        return shared_critic_plots(run_dir, driver)
     return []
