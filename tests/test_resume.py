@@ -1,0 +1,148 @@
+"""Exact resume: a run killed with SIGKILL and resumed equals an uninterrupted run (JAX env path)."""
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import popjax
+from popjax.checkpoint import Checkpointer, CheckpointWarning
+from popjax.experiment import resume
+
+ROOT = Path(__file__).resolve().parents[1]
+# PBT so that the driver state (fitness window, lineage) must survive too; same run as tests/test_pbt.py
+# plus checkpoints every 4 iterations. 60 iterations of 25 env steps, evaluations every 10.
+RUN = dict(learner="td3", env="probe:pendulum", driver="pbt", pop_size=2, seed=3, total_env_steps=1500,
+           warmup_steps=250, eval_interval=250, rollout_len=25, batch_size=32, buffer_size=2000,
+           eval_episodes=1, learner_config={"hidden": [16, 16]},
+           pbt={"interval": 500, "quantile": 0.5}, progress=False, checkpoint_interval=100)
+
+CHILD = """
+import json, sys, time
+import jax
+jax.config.update("jax_compilation_cache_dir", sys.argv[3])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+import popjax.experiment as experiment
+
+step = experiment.Trainer.step
+def slow_step(self, *args):  # slow enough to be killed mid-run
+    time.sleep(0.05)
+    return step(self, *args)
+experiment.Trainer.step = slow_step
+experiment.train(out_dir=sys.argv[1], **json.loads(sys.argv[2]))
+"""
+
+
+def xla_cache() -> str:
+    path = os.path.join(tempfile.gettempdir(), f"popjax-test-xla-cache-{os.getuid()}")
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    xla_cache()
+    return popjax.train(out_dir=tmp_path_factory.mktemp("reference"), **RUN)
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return [{k: v for k, v in row.items() if k != "wall_s"} for row in csv.DictReader(f)]
+
+
+def assert_same_run(run, reference):
+    for field in ("final_returns", "best_return", "env_steps", "updates", "hparams", "lineage", "pbt"):
+        assert run.summary[field] == reference.summary[field], field
+    assert json.loads((run.out_dir / "summary.json").read_text())["final_returns"] == \
+        reference.summary["final_returns"]
+    leaves, ref_leaves = jax.tree.leaves(run.state), jax.tree.leaves(reference.state)
+    assert len(leaves) == len(ref_leaves)
+    for a, b in zip(leaves, ref_leaves, strict=True):  # params, targets, Adam, counters, buffers, hparams
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    rows = metric_rows(run.out_dir)
+    assert rows == metric_rows(reference.out_dir)  # nothing lost, nothing duplicated
+    assert len(rows) == 6 * 2
+
+
+def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(reference, tmp_path):
+    out = tmp_path / "killed"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with (tmp_path / "child.log").open("w") as log:
+        child = subprocess.Popen([sys.executable, str(script), str(out), json.dumps(RUN), xla_cache()],
+                                 env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and child.poll() is None:
+            steps = [int(p.name) for p in (out / "checkpoints").glob("*") if p.name.isdigit()]
+            if steps and max(steps) >= 24:  # past an exploit (iteration 20) and mid-way to the next one
+                break
+            time.sleep(0.02)
+        assert child.poll() is None, (tmp_path / "child.log").read_text()[-2000:]
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait() == -signal.SIGKILL
+    assert not (out / "summary.json").exists()
+    killed_rows = len(metric_rows(out))
+    assert 2 * 2 <= killed_rows < 12
+
+    run = resume(out)
+    assert_same_run(run, reference)
+    assert Checkpointer(out / "checkpoints").steps()[-1] == 60
+
+
+@pytest.mark.parametrize("damage", ["truncated_arrays", "garbage_meta"])
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(reference, tmp_path, damage):
+    out = tmp_path / "run"
+    shutil.copytree(reference.out_dir, out)
+    (out / "summary.json").unlink()
+    ckpts = out / "checkpoints"
+    assert Checkpointer(ckpts).steps() == [52, 56, 60]  # the last 3 are kept
+    if damage == "truncated_arrays":
+        for f in (ckpts / "60" / "arrays").rglob("*"):
+            if f.is_file() and f.parent.name == "d":
+                f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    else:
+        (ckpts / "60" / "meta" / "metadata").write_text('{"iteration": 60, "upd')
+    # a kill in the middle of a save leaves a temporary directory behind: never a candidate
+    (ckpts / "64.orbax-checkpoint-tmp-123").mkdir()
+    # ... and a kill in the middle of a metrics append leaves a partial row
+    with (out / "metrics.csv").open("a") as f:
+        f.write("1500,1300,9.9,0,-12")
+
+    with pytest.warns(CheckpointWarning, match="checkpoints/60 is unusable"):
+        run = resume(out)
+    assert_same_run(run, reference)  # continued from iteration 56: the same 4 iterations again
+    assert Checkpointer(ckpts).steps()[-1] == 60
+
+
+@pytest.mark.slow
+def test_resume_on_the_gym_path_continues_without_lost_or_duplicate_rows(tmp_path):
+    """Host envs restart their episodes on resume, so only the bookkeeping is compared exactly."""
+    xla_cache()
+    cfg = {**RUN, "env": "gym:Pendulum-v1", "checkpoint_interval": 0}
+    full = popjax.train(out_dir=tmp_path / "full", **cfg)
+    out = tmp_path / "cut"
+    shutil.copytree(full.out_dir, out)
+    (out / "summary.json").unlink()
+    ckpts = Checkpointer(out / "checkpoints")
+    for step in ckpts.steps()[-2:]:  # as if killed right after the evaluation at 1000 env steps
+        ckpts.delete(step)
+    ckpts.close()
+    run = resume(out)
+    rows = metric_rows(out)
+    keys = [(r["env_steps"], r["member"]) for r in rows]
+    assert keys == [(r["env_steps"], r["member"]) for r in metric_rows(full.out_dir)]
+    assert run.summary["env_steps"] == 1500 and len(run.summary["lineage"]) == 2
+    # everything up to the checkpoint is the same run
+    assert rows[:8] == metric_rows(full.out_dir)[:8]
