@@ -145,16 +145,19 @@ def test_adam_step_with_traced_lr_equals_optax_adam():
     target = jnp.array([1.0, -2.0, 3.0])
     params0 = {"w": jnp.array([0.5, 0.5, -0.5]), "b": jnp.array(0.3)}
 
-    def grads(p):
-        return jax.grad(lambda q: jnp.sum((q["w"] - target) ** 2) + q["b"] ** 4)(p)
-
+    grads = jax.grad(lambda q: jnp.sum((q["w"] - target) ** 2) + q["b"] ** 4)
     optimizer = optax.adam(lr)
+
+    @jax.jit
+    def both_steps(ref, ref_opt, mine, mine_opt):
+        updates, ref_opt = optimizer.update(grads(ref), ref_opt, ref)
+        mine, mine_opt = adam_step(mine, grads(mine), mine_opt, jnp.float32(lr))
+        return optax.apply_updates(ref, updates), ref_opt, mine, mine_opt
+
     ref, ref_opt = params0, optimizer.init(params0)
     mine, mine_opt = params0, adam_init(params0)
     for _ in range(10):
-        updates, ref_opt = optimizer.update(grads(ref), ref_opt, ref)
-        ref = optax.apply_updates(ref, updates)
-        mine, mine_opt = adam_step(mine, grads(mine), mine_opt, jnp.float32(lr))
+        ref, ref_opt, mine, mine_opt = both_steps(ref, ref_opt, mine, mine_opt)
     assert_trees_close(mine, ref, atol=1e-6, rtol=1e-6)
     # Ten Adam steps move each coordinate by about lr per step towards the optimum.
     np.testing.assert_allclose(mine["w"] - params0["w"], 10 * lr * np.sign(target - params0["w"]), rtol=0.05)

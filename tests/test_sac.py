@@ -96,9 +96,7 @@ def test_hand_computed_losses():
     expected = jax.tree.map(lambda t, o: np64(t) + 0.1 * (np64(o) - np64(t)), state.target_critic, new.critic)
     assert_trees_close(new.target_critic, expected, atol=1e-6)
     # Gradient steps go downhill on this batch.
-    new_critic_loss, _ = _expected_critic_loss(
-        state.replace(critic=new.critic), batch, key, discount=0.9, scale=2.0
-    )
+    new_critic_loss, _ = _expected_critic_loss(state.replace(critic=new.critic), batch, key, discount=0.9, scale=2.0)
     assert new_critic_loss < critic_loss
 
 

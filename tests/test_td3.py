@@ -103,9 +103,7 @@ def test_traced_policy_delay_in_one_vmapped_call():
     for step in range(1, 5):
         keys = update_keys(step, 3)
         new, _ = c.pop_update(keys, states, batches, hparams)
-        per_member = [
-            c.update(keys[i], per_member[i], member(batches, i), member(hparams, i))[0] for i in range(3)
-        ]
+        per_member = [c.update(keys[i], per_member[i], member(batches, i), member(hparams, i))[0] for i in range(3)]
         assert_trees_close(new, stack(per_member))
         for i in range(3):
             before, after = member(states, i), member(new, i)

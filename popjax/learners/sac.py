@@ -149,13 +149,9 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
         # Critic (the target uses the online policy at s' and the target critic).
         next_action, next_log_prob = sample(key_next, state.actor, batch.next_obs)
         next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action).min(axis=0)
-        y = batch.reward * hp.reward_scale + hp.discount * (1.0 - batch.terminated) * (
-            next_q - alpha * next_log_prob
-        )
+        y = batch.reward * hp.reward_scale + hp.discount * (1.0 - batch.terminated) * (next_q - alpha * next_log_prob)
         y = jax.lax.stop_gradient(y)
-        (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
-            state.critic, batch, y
-        )
+        (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(state.critic, batch, y)
         critic, critic_opt = adam_step(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
 
         # Actor, through the just-updated critic.
