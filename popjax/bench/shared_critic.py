@@ -1,0 +1,195 @@
+"""Shared-critic TD3 update vs population size: vectorized vs the sequential CEM-RL order (paper Fig. 4).
+
+One **population update step** = one update of the shared critic plus one update of each of
+the N actors (``popjax.learners.shared_critic``). Three implementations, timed in the same
+process one after another (so ratios share the machine load):
+
+- ``vectorized``: the fast-PBT modification, ``jit(train)``: per step one critic update on
+  all N sub-batches (loss averaged over the population) and the N actor updates vmapped;
+- ``sequential``: the original CEM-RL order (one actor after the other; member ``i`` makes
+  its share of the critic updates on its own sub-batch, then its actor updates), compiled
+  as one program (``jit(sequential_update)``); same number of critic and actor updates;
+- ``sequential_loop``: the same order as a Python loop of jitted single-member calls (one
+  critic or actor update per call), the paper's "Jax (Sequential)" style with dispatch.
+
+Synthetic batches already on the device (HalfCheetah sizes: obs 17, action 6), hidden
+(256, 256), B = 256 per member, as in the paper. Each timed call runs ``k`` steps (default 1,
+the paper's "one update step"); the reported time per step is ``call time / k``, the median
+after warm-up with every output leaf blocked on; compile time (lower + XLA) is reported
+separately. The paper compares against PyTorch sequential on GPUs; there is no PyTorch
+baseline here (the JAX-sequential baselines are named as such) and on a 2-core CPU
+vectorization is expected to give little (the paper: "no speedup when using one CPU core").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from popjax.bench import common
+from popjax.learners import td3
+from popjax.learners.shared_critic import make_shared_critic_td3
+from popjax.population.hparams import population_hparams
+from popjax.types import EnvSpec, Transition
+
+STUDY = "shared_critic"
+IMPLS = ("vectorized", "sequential", "sequential_loop")
+
+
+def _batches(key, k: int, pop: int, batch: int, obs_dim: int, action_dim: int) -> Transition:
+    ks = jax.random.split(key, 5)
+    shape = (k, pop, batch)
+    return Transition(obs=jax.random.normal(ks[0], shape + (obs_dim,)),
+                      action=jax.random.uniform(ks[1], shape + (action_dim,), minval=-1, maxval=1),
+                      reward=jax.random.normal(ks[2], shape),
+                      next_obs=jax.random.normal(ks[3], shape + (obs_dim,)),
+                      terminated=(jax.random.uniform(ks[4], shape) < 0.01).astype(jnp.float32))
+
+
+def _loop_runner(shared, state, batches, keys, hparams):
+    """The CEM-RL order as a Python loop of jitted single-update calls; returns ``(call, compile_s)``."""
+    critic_step, actor_step = jax.jit(shared.critic_step), jax.jit(shared.actor_step)
+    k, pop = keys.shape
+    member = lambda tree, i: jax.tree.map(lambda x: x[i], tree)
+    members = [(member(hparams, i), member(state.target_actor, i),
+                (member(state.actor, i), member(state.actor_opt, i), member(state.target_actor, i)),
+                jax.tree.map(lambda x, i=i: x[:, i], batches), keys[:, i])
+               for i in range(pop)]
+    counts = [k // pop + (i < k % pop) for i in range(pop)]
+    starts = np.cumsum([0] + counts[:-1]).tolist()
+    # compile both single-member programs (timed separately from the runs)
+    with common.Stopwatch() as sw:
+        hp0, ta0, part0, b0, k0 = members[0]
+        one = jax.tree.map(lambda x: x[0], b0)
+        critic_part = (state.critic, state.critic_opt, state.target_critic)
+        common.block(critic_step(k0[0], critic_part, ta0, one, hp0))
+        common.block(actor_step(part0, state.critic, one.obs, hp0))
+
+    def call():
+        cpart = (state.critic, state.critic_opt, state.target_critic)
+        actors = []
+        for i, (hp, target_actor, part, b, ks) in enumerate(members):
+            for s in range(starts[i], starts[i] + counts[i]):
+                cpart, _ = critic_step(ks[s], cpart, target_actor, jax.tree.map(lambda x, s=s: x[s], b), hp)
+            for s in range(k):
+                part, _ = actor_step(part, cpart[0], b.obs[s], hp)
+            actors.append(part)
+        return cpart, actors
+
+    return call, sw.seconds
+
+
+def measure(pop: int, *, k: int = 1, hidden: Sequence[int] = (256, 256), batch_size: int = 256, obs_dim: int = 17,
+            action_dim: int = 6, impls: Sequence[str] = IMPLS, min_repeats: int = 10, min_time: float = 1.0,
+            seed: int = 0) -> dict[str, Any]:
+    """Per-step times of the implementations at one population size (see module doc)."""
+    spec = EnvSpec("bench", (obs_dim,), action_dim=action_dim, action_low=(-1.0,) * action_dim,
+                   action_high=(1.0,) * action_dim)
+    shared = make_shared_critic_td3(td3.TD3Config(hidden=tuple(hidden), batch_size=batch_size), spec, pop)
+    hparams = population_hparams(td3.default_hparams(), pop, {"policy_delay": 1})  # CEM-RL's TD3 delay
+    key_init, key_batch, key_steps = jax.random.split(jax.random.key(seed), 3)
+    state = jax.jit(shared.init)(key_init, hparams)
+    batches = common.block(_batches(key_batch, k, pop, batch_size, obs_dim, action_dim))
+    keys = jax.random.split(key_steps, k * pop).reshape(k, pop)
+    out: dict[str, Any] = {"pop": pop, "k": k}
+    timing = dict(min_repeats=min_repeats, min_time=min_time)
+    for impl in impls:
+        if impl == "sequential_loop":
+            call, compile_s = _loop_runner(shared, state, batches, keys, hparams)
+            flops = None
+        else:
+            fn = shared.train if impl == "vectorized" else shared.sequential_update
+            compiled, times = common.compile_timed(fn, keys, state, batches, hparams)
+            compile_s, flops = times["compile_s"], common.cost_flops(compiled) if k == 1 else None
+            call = lambda compiled=compiled: compiled(keys, state, batches, hparams)
+        stats = common.time_calls(call, **timing)
+        out[f"{impl}_step_s"] = stats["median_s"] / k
+        out[f"{impl}_mean_step_s"] = stats["mean_s"] / k
+        out[f"{impl}_repeats"] = stats["repeats"]
+        out[f"{impl}_compile_s"] = compile_s
+        if flops:
+            out[f"{impl}_gflops_per_s"] = flops / stats["median_s"] / 1e9
+        common.log(f"shared_critic N={pop} {impl}: {1e3 * out[f'{impl}_step_s']:.2f} ms/step "
+                   f"(compile {compile_s:.1f} s, {stats['repeats']} calls)")
+    for impl in impls:
+        if impl != "vectorized" and "vectorized" in impls:
+            out[f"speedup_vs_{impl}"] = out[f"{impl}_step_s"] / out["vectorized_step_s"]
+    return out
+
+
+def plot(payload: dict[str, Any], path) -> Any:
+    plt = common.pyplot()
+    rows = payload["results"]
+    pops = [r["pop"] for r in rows]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    labels = {"vectorized": "vectorized (fast-PBT: critic loss averaged over N)",
+              "sequential": "sequential CEM-RL order, one compiled program",
+              "sequential_loop": "sequential CEM-RL order, loop of jitted calls"}
+    for impl, style in zip(IMPLS, ("C0o-", "C1s-", "C2^--"), strict=True):
+        if f"{impl}_step_s" in rows[0]:
+            ax.plot(pops, [1e3 * r[f"{impl}_step_s"] for r in rows], style, label=labels[impl])
+            if impl != "vectorized" and f"speedup_vs_{impl}" in rows[0]:
+                ax2.plot(pops, [r[f"speedup_vs_{impl}"] for r in rows], style, label=f"vs {impl}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("population size N")
+    ax.set_ylabel("ms per population update step")
+    p = payload["params"]
+    ax.set_title(f"shared-critic TD3, hidden {tuple(p['hidden'])}, B {p['batch_size']}, K {p['k']}", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    ax2.axhline(1.0, color="0.5", lw=1)
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("population size N")
+    ax2.set_ylabel("speed-up of the vectorized step")
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    return common.save_figure(fig, path, payload["machine"])
+
+
+def run(pops: Sequence[int] = (1, 2, 4, 8), repeats: int = 10, out_dir: str = "benchmarks/results", *, k: int = 1,
+        hidden: Sequence[int] = (256, 256), batch_size: int = 256, obs_dim: int = 17, action_dim: int = 6,
+        impls: Sequence[str] = IMPLS, min_time: float = 1.0, seed: int = 0, make_plot: bool = True) -> dict[str, Any]:
+    """Times one shared-critic population update step vs N; writes ``<out_dir>/shared_critic.json`` and ``.png``.
+
+    Args:
+      pops: population sizes N.
+      repeats: minimum number of timed calls per point (after 2 warm-up calls).
+      out_dir: output directory (or a ``.json`` path).
+      k: update steps per compiled call (time per step = call time / k).
+      hidden, batch_size, obs_dim, action_dim: problem sizes (paper: 256x256, 256, HalfCheetah 17/6).
+      impls: subset of ``vectorized``, ``sequential``, ``sequential_loop``.
+      min_time: minimum seconds of timed calls per point and implementation.
+      seed: PRNG seed of the synthetic problem.
+      make_plot: also write the PNG.
+
+    Returns:
+      The JSON payload: ``machine`` (CPU, devices, jax version, load), ``params``, ``results``
+      (one dict per N: ``<impl>_step_s`` medians, means, compile times, ``speedup_vs_<impl>``).
+    """
+    unknown = sorted(set(impls) - set(IMPLS))
+    if unknown:
+        raise ValueError(f"unknown implementation(s) {unknown}; allowed: {', '.join(IMPLS)}")
+    started = common.utc_now()
+    params = {"pops": list(pops), "repeats": repeats, "k": k, "hidden": list(hidden), "batch_size": batch_size,
+              "obs_dim": obs_dim, "action_dim": action_dim, "impls": list(impls), "min_time": min_time,
+              "seed": seed, "policy_delay": 1}
+    results = [measure(n, k=k, hidden=hidden, batch_size=batch_size, obs_dim=obs_dim, action_dim=action_dim,
+                       impls=impls, min_repeats=repeats, min_time=min_time, seed=seed) for n in pops]
+    notes = ["time per population update step (1 shared-critic update + N actor updates), median of timed "
+             "calls / k; compile time separate; all implementations timed in the same process",
+             "sequential = original CEM-RL order (per member: its critic updates, then its actor updates); "
+             "same numbers of critic and actor updates as the vectorized step",
+             "no PyTorch baseline: the paper's Fig. 4 baseline is PyTorch sequential on a GPU"]
+    payload = common.study_payload(STUDY, params, results, started, notes)
+    json_path, png_path = common.output_paths(out_dir, STUDY)
+    common.write_json(json_path, payload)
+    if make_plot:
+        plot(payload, png_path)
+    payload["paths"] = {"json": str(json_path), "png": str(png_path) if make_plot else None}
+    return payload
