@@ -112,6 +112,7 @@ def measure(pop: int, *, k: int = 1, hidden: Sequence[int] = (256, 256), batch_s
         out[f"{impl}_repeats"] = stats["repeats"]
         out[f"{impl}_compile_s"] = compile_s
         if flops:
+            out[f"{impl}_gflop_per_step"] = flops / 1e9
             out[f"{impl}_gflops_per_s"] = flops / stats["median_s"] / 1e9
         common.log(f"shared_critic N={pop} {impl}: {1e3 * out[f'{impl}_step_s']:.2f} ms/step "
                    f"(compile {compile_s:.1f} s, {stats['repeats']} calls)")
@@ -185,6 +186,9 @@ def run(pops: Sequence[int] = (1, 2, 4, 8), repeats: int = 10, out_dir: str = "b
              "calls / k; compile time separate; all implementations timed in the same process",
              "sequential = original CEM-RL order (per member: its critic updates, then its actor updates); "
              "same numbers of critic and actor updates as the vectorized step",
+             "the vectorized critic update sees all N sub-batches (N*B samples), the sequential one B: per step "
+             "the vectorized program does more FLOPs (see <impl>_gflop_per_step, XLA cost analysis, k=1 only), "
+             "which a GPU absorbs in parallel and a CPU core does not",
              "no PyTorch baseline: the paper's Fig. 4 baseline is PyTorch sequential on a GPU"]
     payload = common.study_payload(STUDY, params, results, started, notes)
     json_path, png_path = common.output_paths(out_dir, STUDY)

@@ -34,7 +34,11 @@ after a resume the envs are re-seeded from the run seed (as for the other driver
 
 Options (``RunConfig.cemrl``): ``n_trained``, ``n_elites``, ``init_var``, ``cov_noise_init``,
 ``cov_noise_final``, ``cov_noise_decay``, ``mirrored``, ``weighting``, ``var_div_elites``
-(see ``popjax.drivers.cem``) and ``updates_per_call``. TD3 hparams are the learner's, with
+(see ``popjax.drivers.cem``), ``updates_per_call`` and ``critic_order``: ``"vectorized"`` (default,
+the fast-PBT modification) or ``"sequential"`` (the original CEM-RL order within each call of K
+steps: member by member, its K / n_trained critic updates then its K actor updates; set
+``updates_per_call`` to the generation's G to reproduce CEM-RL exactly, e.g. 2000 for 10
+Pendulum actors). TD3 hparams are the learner's, with
 ``policy_delay = 1`` (CEM-RL) unless set in ``hparams``.
 """
 
@@ -98,6 +102,7 @@ class CEMRLSettings:
     cem: cem.CEMConfig
     n_trained: int
     updates_per_call: int
+    critic_order: str
     update_ratio: float
     warmup_total: int  # env steps summed over members before any gradient step
     fitness_episodes: int
@@ -107,12 +112,14 @@ def settings_from_config(config) -> CEMRLSettings:
     pop = config.pop_size
     defaults = {"n_trained": pop // 2, "n_elites": pop // 2, "init_var": 1e-2, "cov_noise_init": 1e-2,
                 "cov_noise_final": 1e-5, "cov_noise_decay": 0.95, "mirrored": True, "weighting": "log",
-                "var_div_elites": True, "updates_per_call": 50}
+                "var_div_elites": True, "updates_per_call": 50, "critic_order": "vectorized"}
     opts = parse_options("cemrl", config.cemrl, defaults)
     if pop < 2:
         raise ConfigError(f"pop_size: cemrl needs at least 2 members, got {pop}")
     if not 1 <= opts["n_trained"] <= pop:
         raise ConfigError(f"cemrl.n_trained: must be in [1, pop_size={pop}], got {opts['n_trained']}")
+    if opts["critic_order"] not in ("vectorized", "sequential"):
+        raise ConfigError(f"cemrl.critic_order: must be 'vectorized' or 'sequential', got {opts['critic_order']!r}")
     if opts["updates_per_call"] < 1:
         raise ConfigError(f"cemrl.updates_per_call: must be >= 1, got {opts['updates_per_call']}")
     try:
@@ -122,6 +129,7 @@ def settings_from_config(config) -> CEMRLSettings:
     except ValueError as err:
         raise ConfigError(f"cemrl: {err}") from None
     return CEMRLSettings(cem=cem_config, n_trained=opts["n_trained"], updates_per_call=opts["updates_per_call"],
+                         critic_order=opts["critic_order"],
                          update_ratio=config.update_ratio, warmup_total=config.warmup_steps * pop,
                          fitness_episodes=config.envs_per_member)
 
@@ -174,6 +182,7 @@ def make_cemrl(shared: SharedCriticTD3, buffer: Buffer, spec, pop_size: int,
     unravel_many = jax.vmap(unravel)
     ravel_many = jax.vmap(lambda p: ravel_pytree(p)[0])
     v_sample = jax.vmap(buffer.sample, in_axes=(0, None))
+    train = shared.train if settings.critic_order == "vectorized" else shared.sequential_update
 
     def init(key: Key, hparams) -> CEMRLState:
         key_mean, key_learner = jax.random.split(key)
@@ -198,7 +207,8 @@ def make_cemrl(shared: SharedCriticTD3, buffer: Buffer, spec, pop_size: int,
             sample_keys = jax.random.split(key_sample, k * n_t).reshape(k, n_t)
             batches = jax.vmap(lambda keys: v_sample(keys, state.buffer))(sample_keys)  # [K, n_t, B, ...]
             update_keys = jax.random.split(key_update, k * n_t).reshape(k, n_t)
-            learner, metrics = shared.train(update_keys, learner, batches, hp)
+            learner, metrics = train(update_keys, learner, batches, hp)
+            metrics = {name: metrics.get(name, jnp.full((n_t,), jnp.nan)) for name in TRAIN_METRICS}
             return learner, {name: sums[name] + metrics[name] for name in TRAIN_METRICS}
 
         zeros = {name: jnp.zeros((n_t,), jnp.float32) for name in TRAIN_METRICS}

@@ -347,7 +347,9 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
         new_state = SharedCriticState(actor=stacked[0], actor_opt=stacked[1], target_actor=stacked[2],
                                       critic=critic, critic_opt=critic_opt, target_critic=target_critic,
                                       steps=state.steps + n_steps)
-        metrics = {"member_critic_loss": jnp.stack(critic_losses), "actor_loss": jnp.stack(actor_losses)}
+        member_losses = jnp.stack(critic_losses)
+        metrics = {"critic_loss": jnp.full((pop_size,), member_losses.mean()), "member_critic_loss": member_losses,
+                   "actor_loss": jnp.stack(actor_losses)}
         return new_state, metrics
 
     def policy(state: SharedCriticState, obs: jax.Array) -> jax.Array:
