@@ -142,7 +142,7 @@ def brax_vector(
     from popjax.envs.base import make_vec_env
     from popjax.envs.registry import make_jax_env
 
-    vec_env = make_vec_env(make_jax_env(f"brax:{env_name}"))
+    vec_env = make_vec_env(make_jax_env(env_name if ":" in env_name else f"brax:{env_name}"))
     population, state = _population(learner_name, vec_env.spec, hidden, pop, opts.seed)
     collector = JaxCollector(population, vec_env, envs_per_member, steps)
     env_state = jax.jit(collector.reset)(jax.random.key(opts.seed))
@@ -233,7 +233,7 @@ def run(
         for pop in pops:
             attempt(
                 {
-                    "path": "brax",
+                    "path": env_name.split(":")[0] if ":" in env_name else "brax",
                     "env": env_name,
                     "mode": "vector",
                     "learner": learners[0],

@@ -45,7 +45,8 @@ _IMAGES = {"prefix": "results"}
 
 
 def _image(study: str) -> str:
-    return f"![{study}]({_IMAGES['prefix']}/{study}.png)"
+    prefix = _IMAGES["prefix"]
+    return f"![{study}]({'' if prefix in ('', '.') else prefix + '/'}{study}.png)"
 
 
 def _ok(flag: bool | None) -> str:

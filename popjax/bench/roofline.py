@@ -132,7 +132,7 @@ def run(
                     )
                     continue
                 start = time.perf_counter()
-                one = update.run_vmap(p, pop, d, 1, opts)
+                one = update.run_vmap(p, pop, d, 1, opts, reuse=True)
                 flops_step = one["xla_flops_per_call"]
                 row = {
                     "learner": name,
@@ -148,7 +148,7 @@ def run(
                 }
                 timings = {"vmap": one}
                 if "vmap_scan" in impls:
-                    timings["vmap_scan"] = update.run_vmap(p, pop, d, p.k, opts)
+                    timings["vmap_scan"] = update.run_vmap(p, pop, d, p.k, opts, reuse=True)
                 flops = flops_step or analytic["per_member_step"] * pop
                 for impl, out in timings.items():
                     sec = out["timing"]["median_s"] / out["steps_per_call"]

@@ -274,10 +274,11 @@ class TorchDQN:
         target_update_period: int = 500,
         double_q: bool = True,
         dev: str = "cpu",
+        frame: int = 84,
     ):
         self.hp = dict(hparams)
         self.dev = dev
-        self.q = NatureQNetwork(num_actions, hidden).to(dev)
+        self.q = NatureQNetwork(num_actions, hidden, size=frame).to(dev)
         self.target_q = copy.deepcopy(self.q)
         for p in self.target_q.parameters():
             p.requires_grad_(False)
