@@ -183,3 +183,54 @@ def test_sequential_reference_counts_and_one_step_equivalence():
     hp2 = population_hparams(td3.default_hparams(), POP, new_values)
     TRAIN(keys, state, b, hp2)
     assert len(TRACES) == 1
+
+
+SHARDED_SCRIPT = """
+import json, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from popjax.learners import td3
+from popjax.learners.shared_critic import DiversityConfig, make_shared_critic_td3
+from popjax.population.hparams import population_hparams
+from popjax.types import EnvSpec, Transition
+assert len(jax.devices()) == 2
+spec = EnvSpec("t", (3,), action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+pop = 4
+shared = make_shared_critic_td3(td3.TD3Config(hidden=(16, 16), batch_size=8), spec, pop, DiversityConfig())
+hp = population_hparams(td3.default_hparams(), pop, {"discount": [0.99, 0.9, 0.95, 0.8]})
+state = jax.jit(shared.init)(jax.random.key(0), hp)
+rng = np.random.default_rng(0)
+f = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
+b = Transition(f(3, pop, 8, 3), jnp.tanh(f(3, pop, 8, 2)), f(3, pop, 8), f(3, pop, 8, 3), jnp.zeros((3, pop, 8)))
+keys = jax.random.split(jax.random.key(1), 3 * pop).reshape(3, pop)
+train = jax.jit(shared.train)
+one, m1 = train(keys, state, b, hp, 0.3)
+mesh = jax.sharding.Mesh(jax.devices(), ("pop",))
+members = NamedSharding(mesh, P("pop"))
+rep = NamedSharding(mesh, P())
+put = lambda tree, s: jax.tree.map(lambda x: jax.device_put(x, s), tree)
+sharded = state.replace(actor=put(state.actor, members), target_actor=put(state.target_actor, members),
+                        actor_opt=put(state.actor_opt, members), critic=put(state.critic, rep),
+                        target_critic=put(state.target_critic, rep), critic_opt=put(state.critic_opt, rep))
+b2 = put(b, NamedSharding(mesh, P(None, "pop")))
+two, m2 = train(put(keys, NamedSharding(mesh, P(None, "pop"))), sharded, b2, put(hp, members), 0.3)
+leaf = jax.tree.leaves(two.actor)[0]
+pairs = zip(jax.tree.leaves(one), jax.tree.leaves(two))
+diff = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in pairs)
+print(json.dumps({"devices": len(leaf.sharding.device_set), "max_diff": diff,
+                  "loss_diff": float(np.max(np.abs(np.asarray(m1["critic_loss"]) - np.asarray(m2["critic_loss"]))))}))
+"""
+
+
+@pytest.mark.slow
+def test_shared_critic_step_runs_sharded_over_two_devices():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 2  # the actors really are split over the two devices
+    assert result["max_diff"] < 1e-5 and result["loss_diff"] < 1e-5
