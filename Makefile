@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.lock
 	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q "torch==2.13.0+cpu" || echo "PyTorch CPU wheel not available: the PyTorch benchmark baseline and its tests will be skipped"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -28,8 +29,25 @@ test-slow: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check popjax tests benchmarks experiments
 
+# The fast-PBT speed studies at sizes that fit a 2-core CPU in under 30 minutes; each writes
+# benchmarks/results/<study>[_variant].json + .png, then RESULTS.md is regenerated from them.
+# PyTorch (the paper's Torch-sequential baseline) comes from the `bench` extra (torch==2.13.0);
+# it is installed as the local CPU wheel `torch==2.13.0+cpu`, which satisfies that pin and can
+# never pull the multi-GB CUDA build from the index. Options: `popjax bench <study> --help`.
+BENCH := $(BIN)/popjax bench
 bench: $(STAMP)
-	@echo "make bench: the benchmark suite is not built yet (issue: speed-up benchmark suite)."; exit 1
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==2.13.0+cpu" || \
+		echo "make bench: no PyTorch CPU wheel; the PyTorch-sequential baseline will be reported as skipped"
+	$(BENCH) update --learner td3,sac --pop 1,2,4,8,16,32,64 --repeats 8 --max-seconds 100
+	$(BENCH) update --learner dqn --pop 1,2,4,8 --repeats 6 --max-seconds 60 --out benchmarks/results/update_dqn.json
+	$(BENCH) update --learner td3 --impl vmap,vmap_scan --pop 2,8,32 --devices 1,2 --repeats 6 \
+		--out benchmarks/results/update_devices.json
+	$(BENCH) roofline --learner td3,sac --pop 1,4,16,64 --devices 1,2 --repeats 6
+	$(BENCH) compile --learner td3,sac --pop 1,4,16,64
+	$(BENCH) envstep --gym HalfCheetah-v5,Hopper-v5,Walker2d-v5,Ant-v5,Humanoid-v5 --brax halfcheetah --pop 1,4,16
+	$(BENCH) train --env gym:HalfCheetah-v5,brax:halfcheetah --pop 1,4,16 --env-steps 1000 --warmup 250
+	$(BENCH) shared_critic --pop 1,2,4,8,16
+	$(BENCH) report
 
 clean:
 	rm -rf $(VENV) runs

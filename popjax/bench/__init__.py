@@ -181,12 +181,20 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_shared_critic(args: argparse.Namespace) -> int:
-    """Calls ``popjax.bench.shared_critic.run(pops=..., out_dir=...)`` when that module exists."""
+    """Calls ``popjax.bench.shared_critic.run(pops=..., out_dir=...)`` when that module exists
+    (plus the common options its ``run`` accepts: repeats, min_time, k, seed, plotting)."""
     if not _has_module("shared_critic"):
         print("popjax bench shared_critic: skipped: popjax/bench/shared_critic.py is not in this tree yet")
         return 0
+    import inspect
+
     from popjax.bench import common
 
     module: Any = _module("shared_critic")
-    module.run(pops=common.parse_int_list(args.pop), out_dir=args.out)
+    accepted = inspect.signature(module.run).parameters
+    options = {"repeats": args.repeats, "min_time": args.min_time, "seed": args.seed, "make_plot": not args.no_plot}
+    if args.k is not None:
+        options["k"] = args.k
+    options = {name: value for name, value in options.items() if name in accepted}
+    module.run(pops=common.parse_int_list(args.pop), out_dir=args.out, **options)
     return 0

@@ -16,12 +16,31 @@ from typing import Any
 STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "shared_critic")
 
 
-def load_results(results_dir: str | Path) -> dict[str, dict[str, Any]]:
-    out = {}
+def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """``{study: [payload, ...]}``: ``<study>.json`` first, then ``<study>_<variant>.json`` (e.g. the
+    DQN or multi-device runs of ``update``, each its own process and therefore its own set of ratios)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    results_dir = Path(results_dir)
     for study in STUDY_ORDER:
-        path = Path(results_dir) / f"{study}.json"
-        if path.exists():
-            out[study] = json.loads(path.read_text())
+        paths = [results_dir / f"{study}.json"] + sorted(results_dir.glob(f"{study}_*.json"))
+        for path in paths:
+            if not path.exists() or (study != "shared_critic" and path.stem.startswith("shared_critic")):
+                continue
+            payload = json.loads(path.read_text())
+            if payload.get("study", study) != study:
+                continue
+            payload["_file"] = path.stem
+            out.setdefault(study, []).append(payload)
+    return out
+
+
+def merged(data: dict[str, list[dict[str, Any]]], study: str) -> dict[str, Any] | None:
+    """All runs of ``study`` with their results concatenated (for the targets table)."""
+    runs = data.get(study)
+    if not runs:
+        return None
+    out = dict(runs[0])
+    out["results"] = [r for run in runs for r in run["results"]]
     return out
 
 
@@ -54,9 +73,9 @@ def _ok(flag: bool | None) -> str:
 
 
 # --- targets -----------------------------------------------------------------------------------------
-def targets(data: dict[str, dict[str, Any]]) -> list[list[Any]]:
+def targets(data: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
     rows = []
-    update = data.get("update")
+    update = merged(data, "update")
     if update:
         for learner in ("td3", "sac"):
             recs = [r for r in update["results"] if r["learner"] == learner and "skipped" not in r
@@ -74,7 +93,7 @@ def targets(data: dict[str, dict[str, Any]]) -> list[list[Any]]:
             else:
                 rows.append([f"{learner.upper()}: ≥ 2× PyTorch sequential, N ≥ 4", "not measured (no PyTorch run)",
                              "—"])
-    roof = data.get("roofline")
+    roof = merged(data, "roofline")
     if roof:
         for learner in dict.fromkeys(r["learner"] for r in roof["results"]):
             recs = [r for r in roof["results"] if r["learner"] == learner and "skipped" not in r and r["pop"] >= 16
@@ -84,7 +103,7 @@ def targets(data: dict[str, dict[str, Any]]) -> list[list[Any]]:
                 rows.append([f"{learner.upper()}: ≥ 60% of matmul GFLOP/s at N ≥ 16",
                              f"min {100 * worst:.0f}% (N ∈ {[r['pop'] for r in recs]}; peak "
                              f"{recs[0]['peak_gflops']:.0f} GFLOP/s)", _ok(worst >= 0.6)])
-    comp = data.get("compile")
+    comp = merged(data, "compile")
     if comp:
         recs = [r for r in comp["results"] if r["learner"] == "td3" and r["pop"] == 64 and r["devices"] == 1
                 and r["k"] == 50]
@@ -93,7 +112,7 @@ def targets(data: dict[str, dict[str, Any]]) -> list[list[Any]]:
                          f"{recs[0]['compile_s']:.1f} s", _ok(recs[0]["compile_s"] < 30.0)])
         else:
             rows.append(["TD3 50-step population update compiles in < 30 s at N = 64", "N = 64 not measured", "—"])
-    train = data.get("train")
+    train = merged(data, "train")
     if train:
         recs = [r for r in train["results"] if r["env"] == "gym:HalfCheetah-v5" and r["pop"] == 16
                 and "skipped" not in r]
@@ -108,7 +127,8 @@ def targets(data: dict[str, dict[str, Any]]) -> list[list[Any]]:
 def _load_line(payload: dict[str, Any]) -> str:
     m = payload["machine"]
     return (f"_{payload['started_utc']} → {payload['finished_utc']}; load average (1, 5, 15 min) before "
-            f"{payload.get('load_before')}, after {payload.get('load_after')}; backend {m['backend']}, "
+            f"{payload.get('load_before') or m.get('load_average')}, after {payload.get('load_after')}; "
+            f"backend {m['backend']}, "
             f"{m['device_count']} device(s); XLA_FLAGS='{m['xla_flags']}'._")
 
 
@@ -117,7 +137,7 @@ def section_update(p: dict[str, Any]) -> list[str]:
              "ms per population step (median of timed calls after warm-up, ÷ K for K-step calls); speed-ups are "
              "against **PyTorch sequential, one step per call** (the paper's baseline) and **JAX sequential** "
              "(the same jitted single-member update called member after member), measured in the same process.",
-             "", _image("update"), ""]
+             "", _image(p.get("_file", "update")), ""]
     notes = p.get("notes") or []
     lines += [f"> {n}" for n in notes] + ([""] if notes else [])
     res = [r for r in p["results"] if "skipped" not in r]
@@ -150,7 +170,8 @@ def section_update(p: dict[str, Any]) -> list[str]:
 
 
 def section_roofline(p: dict[str, Any]) -> list[str]:
-    lines = ["## roofline — achieved vs dense-matmul GFLOP/s", "", _load_line(p), "", _image("roofline"), ""]
+    lines = ["## roofline — achieved vs dense-matmul GFLOP/s", "", _load_line(p), "",
+             _image(p.get("_file", "roofline")), ""]
     for d, m in p["matmul"].items():
         sizes = ", ".join(f"{s['n']}: {s['gflops']:.1f}" for s in m["sizes"])
         lines.append(f"- dense float32 matmul peak on {d} device(s): **{m['peak_gflops']:.1f} GFLOP/s** "
@@ -171,7 +192,7 @@ def section_roofline(p: dict[str, Any]) -> list[str]:
 
 def section_compile(p: dict[str, Any]) -> list[str]:
     lines = ["## compile — compile time of the K-step population update (paper Table 3)", "", _load_line(p), "",
-             _image("compile"), "",
+             _image(p.get("_file", "compile")), "",
              "AOT `jax.jit(f).lower(...).compile()` of `jit(scan(vmap(update)))`; the first execution is not "
              "included (the paper's number includes one). Paper (N = 20, K = 50, GPUs): TD3 4.8–7.3 s, "
              "SAC 6.5–9.5 s.", ""]
@@ -183,7 +204,7 @@ def section_compile(p: dict[str, Any]) -> list[str]:
 
 def section_envstep(p: dict[str, Any]) -> list[str]:
     lines = ["## envstep — ms per environment interaction (paper Table 2)", "", _load_line(p), "",
-             _image("envstep"), "",
+             _image(p.get("_file", "envstep")), "",
              f"gym: gymnasium MuJoCo v5 on the host (`single`: one env and one member's jitted policy, one call "
              f"per step, as the paper's Table 2; `vector`: popjax's HostCollector, pop × "
              f"{p['params']['envs_per_member']} env(s)). brax: popjax's JaxCollector (backend "
@@ -204,7 +225,7 @@ def section_envstep(p: dict[str, Any]) -> list[str]:
 def section_train(p: dict[str, Any]) -> list[str]:
     prm = p["params"]
     lines = ["## train — end-to-end `popjax.experiment.train` (independent driver)", "", _load_line(p), "",
-             _image("train"), "",
+             _image(p.get("_file", "train")), "",
              f"{prm['learner'].upper()}, hidden {prm['hidden']}, batch {prm['batch_size']}, "
              f"{prm['env_steps_per_member']} env steps per member ({prm['warmup_steps']} random warm-up), "
              f"K = {prm['updates_per_iter']} updates per {prm['rollout_len']}-step iteration, one evaluation "
@@ -228,7 +249,7 @@ def section_generic(study: str, p: dict[str, Any]) -> list[str]:
     lines = [f"## {study}", ""]
     if "machine" in p and "started_utc" in p:
         lines += [_load_line(p), ""]
-    lines += [_image(study), ""]
+    lines += [_image(p.get("_file", study)), ""]
     results = p.get("results") or []
     scalar_keys = [k for k in (results[0] if results else {}) if isinstance(results[0][k], int | float | str)]
     if results and scalar_keys:
@@ -237,7 +258,26 @@ def section_generic(study: str, p: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(data: dict[str, dict[str, Any]], analysis: str | None = None) -> str:
+def section_shared_critic(p: dict[str, Any]) -> list[str]:
+    lines = ["## shared_critic — shared-critic TD3 update (CEM-RL / DvD; paper Fig. 4)", "", _load_line(p), "",
+             _image(p.get("_file", "shared_critic")), "",
+             "One population step = one shared-critic update + N actor updates; `vectorized` = the fast-PBT "
+             "modification, `sequential` = the CEM-RL order compiled as one program, `sequential_loop` = the same "
+             "order as a Python loop of jitted calls (see `popjax/bench/shared_critic.py`).", ""]
+    impls = [i for i in ("vectorized", "sequential", "sequential_loop")
+             if any(f"{i}_step_s" in r for r in p["results"])]
+    rows = []
+    for r in p["results"]:
+        row = [r.get("pop"), r.get("k")]
+        row += [_f(r.get(f"{i}_step_s") and 1e3 * r[f"{i}_step_s"], 3) for i in impls]
+        row += [_f(r.get("speedup_vs_sequential"), 2, "×"), _f(r.get("speedup_vs_sequential_loop"), 2, "×"),
+                _f(r.get("vectorized_gflops_per_s"), 1)]
+        rows.append(row)
+    return lines + _table(["N", "K"] + [f"{i} ms" for i in impls] + ["vs sequential", "vs sequential loop",
+                                                                     "vectorized GFLOP/s"], rows)
+
+
+def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None) -> str:
     lines = ["# popjax benchmark results", "",
              "Generated by `popjax bench report` (run by `make bench`) from `benchmarks/results/*.json`; do not "
              "edit by hand — the analysis at the end comes from `benchmarks/ANALYSIS.md`. Every number is a "
@@ -245,7 +285,7 @@ def render(data: dict[str, dict[str, Any]], analysis: str | None = None) -> str:
              "are measured within one run of one process.", ""]
     if not data:
         return "\n".join(lines + ["No results yet: run `make bench`.", ""])
-    machine = next(iter(data.values()))["machine"]
+    machine = next(iter(data.values()))[0]["machine"]
     lines += ["## Machine", "",
               f"- CPU: {machine['cpu']} — {machine['cpu_count']} cores, {machine.get('memory_gb')} GB RAM",
               f"- JAX {machine['jax']} (jaxlib {machine['jaxlib']}), flax {machine['flax']}, optax {machine['optax']}, "
@@ -257,11 +297,17 @@ def render(data: dict[str, dict[str, Any]], analysis: str | None = None) -> str:
     if rows:
         lines += ["## Targets (2-core CPU)", ""] + _table(["target", "measured", "verdict"], rows)
     sections = {"update": section_update, "roofline": section_roofline, "compile": section_compile,
-                "envstep": section_envstep, "train": section_train}
+                "envstep": section_envstep, "train": section_train, "shared_critic": section_shared_critic}
     for study in STUDY_ORDER:
-        if study in data:
+        for payload in data.get(study, []):
             fn = sections.get(study)
-            lines += fn(data[study]) if fn else section_generic(study, data[study])
+            try:
+                section = fn(payload) if fn else section_generic(study, payload)
+                if payload.get("_file", study) != study:
+                    section[0] += f" (`{payload['_file']}.json`)"
+                lines += section
+            except (KeyError, TypeError, IndexError) as err:  # a result file of another shape: say so
+                lines += [f"## {payload.get('_file', study)}", "", f"(could not summarise: {err!r})", ""]
     if analysis:
         lines += [analysis.strip(), ""]
     return "\n".join(lines)
