@@ -402,16 +402,10 @@ def run(
                     results.append(_skip(p, impl, pop, d, "PyTorch not installed"))
                     continue
                 prev = last.get((impl, d))
-                if prev and prev[1] * pop / prev[0] > max_seconds:
-                    results.append(
-                        _skip(
-                            p,
-                            impl,
-                            pop,
-                            d,
-                            f"estimated {prev[1] * pop / prev[0]:.0f}s > --max-seconds {max_seconds:.0f}",
-                        )
-                    )
+                estimate = None if prev is None else prev[1] * pop / prev[0]
+                if estimate is not None and estimate > max_seconds:
+                    reason = f"estimated {estimate:.0f}s of timed calls > --max-seconds {max_seconds:.0f}"
+                    results.append(_skip(p, impl, pop, d, reason))
                     continue
                 start = time.perf_counter()
                 if impl == "vmap":
@@ -423,7 +417,9 @@ def run(
                 else:
                     out = run_torch_seq(p, pop, opts)
                 spent = time.perf_counter() - start
-                last[(impl, d)] = (pop, spent)
+                timing = out["timing"]  # execution time only (compile excluded): it scales with N
+                last[(impl, d)] = (pop, sum(timing["times_s"]) + timing["median_s"] * (1 if out["steps_per_call"] > 1
+                                                                                     else 2))
                 rec = _record(p, impl, pop, d, out)
                 results.append(rec)
                 log(
