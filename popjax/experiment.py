@@ -285,6 +285,12 @@ class Trainer:
         return state, env_state
 
     def _log_eval(self, state: PopState, returns: np.ndarray, metrics: dict[str, np.ndarray]) -> None:
+        newly_diverged = ~np.isfinite(returns) & (np.isfinite(self.history[-1]) if self.history else True)
+        for m in np.flatnonzero(newly_diverged):
+            # The run goes on: other members are unaffected (vmap keeps them independent), the
+            # diverged member logs NaN from here, and PBT replaces it at its next exploit.
+            warnings.warn(f"member {m} diverged (non-finite eval return) at {self.env_steps} env steps; "
+                          "it is logged as nan from here", RuntimeWarning, stacklevel=2)
         self.history.append(returns)
         table = hparams_table(state.hparams)
         rows = []
@@ -328,7 +334,7 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
     elif options:
         config = make_config(**{**config.to_dict(), **options})
     setup = build(config)
-    run_dir = RunDir(out_dir)
+    run_dir = RunDir(out_dir, tensorboard=config.tensorboard)
     run_dir.write_config(config.to_dict())
     trainer = trainer_class(setup)(setup, run_dir, make_driver(setup))
     _clear_run_outputs(run_dir)
@@ -360,6 +366,7 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
     if not (run_dir.path / "config.yaml").exists():
         raise ConfigError(f"resume: {run_dir.path} is not a run directory (no config.yaml)")
     config = make_config(**{**run_dir.read_config(), **overrides})
+    run_dir = RunDir(run_dir.path, tensorboard=config.tensorboard)
     setup = build(config)
     if overrides:
         run_dir.write_config(config.to_dict())

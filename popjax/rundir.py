@@ -18,10 +18,15 @@ BASE_COLUMNS = ("env_steps", "updates", "wall_s", "member", "eval_return")
 class RunDir:
     """Writes one run's files; every write is atomic or append-only, so a kill loses nothing written."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, tensorboard: bool = False):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "plots").mkdir(exist_ok=True)
+        self._tensorboard = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tensorboard = SummaryWriter(str(self.path / "tensorboard"))
 
     @property
     def metrics_path(self) -> Path:
@@ -34,18 +39,37 @@ class RunDir:
         return yaml.safe_load((self.path / "config.yaml").read_text())
 
     def append_metrics(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Appends rows; the header (fixed by the first rows) is written once."""
+        """Appends rows (fsynced). Columns seen for the first time (e.g. learner metrics, which
+        start after warm-up) extend the header: the file is then rewritten atomically with
+        empty cells in the older rows."""
         if not rows:
             return
-        new = not self.metrics_path.exists() or self.metrics_path.stat().st_size == 0
-        columns = list(rows[0]) if new else self.metric_columns()
+        exists = self.metrics_path.exists() and self.metrics_path.stat().st_size > 0
+        columns = self.metric_columns() if exists else []
+        new_columns = [k for row in rows for k in row if k not in columns]
+        if exists and new_columns:
+            old_rows = self._read_raw()
+            columns += list(dict.fromkeys(new_columns))
+            self._rewrite(columns, old_rows)
+        elif not exists:
+            columns = list(dict.fromkeys(k for row in rows for k in row))
+            self._rewrite(columns, [])
         with self.metrics_path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-            if new:
-                writer.writeheader()
+            writer = csv.DictWriter(f, fieldnames=columns)
             writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
             f.flush()
             os.fsync(f.fileno())
+        if self._tensorboard is not None:
+            self._write_tensorboard(rows)
+
+    def _write_tensorboard(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Every numeric column as ``member_<m>/<column>`` at the row's env step."""
+        for row in rows:
+            step = int(row["env_steps"])
+            for name, value in row.items():
+                if name not in ("env_steps", "member") and isinstance(value, int | float):
+                    self._tensorboard.add_scalar(f"member_{int(row['member'])}/{name}", value, step)
+        self._tensorboard.flush()
 
     def metric_columns(self) -> list[str]:
         with self.metrics_path.open(newline="") as f:
@@ -55,17 +79,28 @@ class RunDir:
         if not self.metrics_path.exists():
             return []
         with self.metrics_path.open(newline="") as f:
-            return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+            return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
 
     def truncate_metrics(self, max_env_steps: int) -> None:
         """Drops rows logged after ``max_env_steps`` (used by resume to avoid duplicates)."""
         if not self.metrics_path.exists():
             return
+        rows = [r for r in self._read_raw() if float(r["env_steps"]) <= max_env_steps]
+        self._rewrite(self.metric_columns(), rows)
+
+    def _read_raw(self) -> list[dict[str, str]]:
         with self.metrics_path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            columns, rows = reader.fieldnames, [r for r in reader if float(r["env_steps"]) <= max_env_steps]
-        text_rows = [",".join(columns)] + [",".join(r[c] for c in columns) for r in rows]
-        _atomic_write(self.metrics_path, "\n".join(text_rows) + "\n")
+            return list(csv.DictReader(f))
+
+    def _rewrite(self, columns: Sequence[str], rows: Sequence[Mapping[str, str]]) -> None:
+        tmp = self.metrics_path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(columns))
+            writer.writeheader()
+            writer.writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.metrics_path)
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         _atomic_write(self.path / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")

@@ -17,7 +17,7 @@ TINY = dict(learner="td3", env="probe:pendulum", pop_size=2, total_env_steps=600
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    return popjax.train(out_dir=out, **TINY)
+    return popjax.train(out_dir=out, tensorboard=True, **TINY)
 
 
 def test_run_directory_has_the_documented_files(tiny_run):
@@ -44,7 +44,7 @@ def test_run_directory_has_the_documented_files(tiny_run):
 
 
 def test_same_seed_gives_identical_results_and_other_seed_differs(tiny_run, tmp_path):
-    again = popjax.train(out_dir=tmp_path / "again", **TINY)
+    again = popjax.train(out_dir=tmp_path / "again", tensorboard=True, **TINY)
     assert again.summary["final_returns"] == tiny_run.summary["final_returns"]
     for a, b in zip(popjax_leaves(again.state), popjax_leaves(tiny_run.state), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -56,3 +56,43 @@ def popjax_leaves(state):
     import jax
 
     return jax.tree.leaves(state.learner)
+
+
+def read_scalars(event_dir):
+    """(tag, step, value) of every scalar in tensorboard event files (TFRecord framing, Event protos)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    scalars = []
+    for path in sorted(event_dir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            scalars += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
+    return scalars
+
+
+def test_tensorboard_logs_every_member_eval_return(tiny_run):
+    scalars = read_scalars(tiny_run.out_dir / "tensorboard")
+    returns = sorted((tag, step, value) for tag, step, value in scalars if tag.endswith("/eval_return"))
+    with (tiny_run.out_dir / "metrics.csv").open() as f:
+        expected = sorted((f"member_{r['member']}/eval_return", int(r["env_steps"]), float(r["eval_return"]))
+                          for r in csv.DictReader(f))
+    assert [(t, s) for t, s, _ in returns] == [(t, s) for t, s, _ in expected]
+    np.testing.assert_allclose([v for *_, v in returns], [v for *_, v in expected], rtol=1e-6)
+
+
+def test_a_diverged_member_is_reported_and_logged_as_nan(tiny_run, tmp_path):
+    from popjax.config import make_config
+    from popjax.experiment import Trainer, build
+    from popjax.rundir import RunDir
+
+    trainer = Trainer(build(make_config(**TINY)), RunDir(tmp_path))
+    with pytest.warns(RuntimeWarning, match="member 1 diverged"):
+        trainer._log_eval(tiny_run.state, np.array([-100.0, np.nan]), {})
+    rows = RunDir(tmp_path).read_metrics()
+    assert rows[0]["eval_return"] == -100.0 and np.isnan(rows[1]["eval_return"])
