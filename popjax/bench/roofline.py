@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 from typing import Any
 
 import jax
