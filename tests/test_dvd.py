@@ -59,10 +59,20 @@ def batch(seed, shape):
 
 
 def setup_state(hp, identical=False):
-    state = JIT(SHARED.init)(jax.random.key(0), hp)
+    """Random numpy weights (scaled 1/sqrt(fan_in)), zero biases and Adam moments: nothing to compile."""
+    rng = np.random.default_rng(0)
+    shapes = jax.eval_shape(SHARED.init, jax.random.key(0), hp)
+    weights = lambda tree, ndim: jax.tree.map(
+        lambda s: (rng.normal(size=s.shape) / np.sqrt(s.shape[-2])).astype(s.dtype) if len(s.shape) == ndim
+        else np.zeros(s.shape, s.dtype), tree)  # kernels: ndim 3 for the stacked actors, 2 for the critic
+    zeros = lambda tree: jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), tree)
+    actor, critic = weights(shapes.actor, 3), weights(shapes.critic, 2)
     if identical:
-        state = SHARED.load_actors(state, tree.broadcast(tree.member(state.actor, 0), POP))
-    return state
+        actor = jax.tree.map(lambda x: np.broadcast_to(x[:1], x.shape).copy(), actor)
+    state = shapes.replace(actor=actor, critic=critic, target_actor=actor, target_critic=critic,
+                           actor_opt=zeros(shapes.actor_opt), critic_opt=zeros(shapes.critic_opt),
+                           steps=np.zeros((), np.int32))
+    return jax.tree.map(jnp.asarray, state)
 
 
 def test_kernel_is_symmetric_with_unit_diagonal():
