@@ -171,9 +171,11 @@ class Trainer:
         # which buffer donation rejects).
         state = jax.jit(s.population.init)(self.key_for(0, 0), s.hparams)
         state = shard_members(state, s.sharding)
-        env_state = s.collector.reset(self.key_for(2, 0))
         if self.setup.jax_env:
-            env_state = shard_members(env_state, s.sharding)
+            # Jitted too: an eager brax reset returns the same obs buffer in two leaves (donation rejects it).
+            env_state = shard_members(jax.jit(s.collector.reset)(self.key_for(2, 0)), s.sharding)
+        else:
+            env_state = s.collector.reset(self.key_for(2, 0))
         return state, env_state
 
     # --- compiled steps -----------------------------------------------------------------------

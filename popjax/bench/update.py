@@ -208,7 +208,8 @@ def run_vmap(p: Problem, pop: int, devices: int, k: int, opts, reuse: bool = Fal
         "steps_per_call": k,
         "memory": mem.result(),
         "xla_memory": common.memory_analysis(compiled),
-        "xla_flops_per_call": common.cost_flops(compiled),
+        # With d devices XLA's cost analysis describes the partitioned (per-device) program.
+        "xla_flops_per_call": None if common.cost_flops(compiled) is None else common.cost_flops(compiled) * devices,
     }
 
 
