@@ -406,7 +406,11 @@ def _drop_partial_metrics_row(run_dir: RunDir) -> None:
     if path.exists() and path.stat().st_size:
         data = path.read_bytes()
         if not data.endswith(b"\n"):
-            path.write_bytes(data[: data.rfind(b"\n") + 1])
+            data = data[: data.rfind(b"\n") + 1]
+            if data:
+                path.write_bytes(data)
+            else:  # not even a complete header
+                path.unlink()
 
 
 def _finish(trainer: Trainer, state: PopState, env_state) -> Run:
