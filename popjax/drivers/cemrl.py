@@ -410,23 +410,42 @@ class CEMRLTrainer(Trainer):
             self._env_steps_total = int(restored[0].env_steps)
         return restored
 
-    def step(self, state, env_state):
-        """One CEM-RL generation; returns ``(state, None, (fitness [pop], n_calls, metrics))``."""
-        fns, eps = self.fns, self.config.envs_per_member
-        key = self.key_for(KEY_GENERATION, self.iteration)
-        if self.jax_path:
-            episodes = self.setup.collector
+    def _evaluates(self, before_total, after_total):
+        """Whether the generation that moved the summed env steps from ``before`` to ``after`` ends
+        with an evaluation: at every ``eval_interval`` env steps per member and at the end (jnp or int)."""
+        cfg, pop = self.config, self.config.pop_size
+        before, after = before_total // pop, after_total // pop
+        return (after >= cfg.total_env_steps) | (after // cfg.eval_interval > before // cfg.eval_interval)
 
-            def generation(key, state):
+    def step(self, state, env_state):
+        """One CEM-RL generation (and the mean actor's evaluation when due).
+
+        Returns ``(state, None, (fitness [pop], n_calls, metrics, mean_return or nan))``. On the JAX
+        path the whole generation, evaluation included (a ``lax.cond``), is one compiled call.
+        """
+        fns, eps, it = self.fns, self.config.envs_per_member, self.iteration
+        key, key_eval = self.key_for(KEY_GENERATION, it), self.key_for(KEY_EVAL, it + 1)
+        if self.jax_path:
+            episodes, n_eval = self.setup.collector, self.config.eval_episodes
+
+            def generation(key, key_eval, state):
                 key_train, key_roll = jax.random.split(key)
+                before = state.env_steps
                 state, samples, n_calls, metrics = fns.ask_and_train(key_train, state)
                 fitness, transitions, mask = episodes.run(key_roll, fns.policy, samples, eps)
-                return fns.finish(state, samples, fitness, transitions, mask), fitness, n_calls, metrics
+                state = fns.finish(state, samples, fitness, transitions, mask)
+                mean_return = jax.lax.cond(
+                    self._evaluates(before, state.env_steps),
+                    lambda: episodes.run(key_eval, fns.policy, state.cem.mean[None], n_eval)[0][0],
+                    lambda: jnp.full((), jnp.nan, jnp.float32))
+                return state, fitness, n_calls, metrics, mean_return
 
-            compiled = self._compile("generation", generation, key, state, donate=(1,))
-            state, fitness, n_calls, metrics = compiled(key, state)
+            compiled = self._compile("generation", generation, key, key_eval, state, donate=(2,))
+            state, fitness, n_calls, metrics, mean_return = compiled(key, key_eval, state)
+            mean_return = float(mean_return)
         else:
             key_train, _ = jax.random.split(key)
+            before = self._env_steps_total
             ask_train = self._compile("ask_train", fns.ask_and_train, key_train, state, donate=(1,))
             state, samples, n_calls, metrics = ask_train(key_train, state)
             fitness, transitions, mask = self.setup.collector.run(self._policy, samples, eps)
@@ -435,11 +454,14 @@ class CEMRLTrainer(Trainer):
             finish = self._compile("finish", fns.finish, state, samples, fitness, transitions, mask,
                                    donate=(0,))
             state = finish(state, samples, fitness, transitions, jnp.asarray(mask))
+            evaluated = self._evaluates(before, int(state.env_steps))
+            mean_return = self.evaluate(state) if evaluated else float("nan")
         n_calls = int(n_calls)
         self.updates += n_calls * fns.settings.updates_per_call
         self._env_steps_total = int(state.env_steps)
         self.iteration += 1
-        return state, None, (np.asarray(fitness), n_calls, {k: np.asarray(v) for k, v in metrics.items()})
+        metrics = {k: np.asarray(v) for k, v in metrics.items()}
+        return state, None, (np.asarray(fitness), n_calls, metrics, mean_return)
 
     def evaluate(self, state) -> float:
         """Mean return of the CEM mean actor over ``eval_episodes`` deterministic episodes."""
@@ -458,13 +480,10 @@ class CEMRLTrainer(Trainer):
             while self.env_steps < cfg.total_env_steps:
                 start = time.perf_counter()
                 compile_before = self.compile_s
-                before = self.env_steps
-                state, env_state, (fitness, n_calls, metrics) = self.step(state, env_state)
-                done = self.env_steps >= cfg.total_env_steps
-                evaluated = done or self.env_steps // cfg.eval_interval > before // cfg.eval_interval
-                mean_return = float("nan")
+                before = self._env_steps_total
+                state, env_state, (fitness, n_calls, metrics, mean_return) = self.step(state, env_state)
+                evaluated = bool(self._evaluates(before, self._env_steps_total))
                 if evaluated:
-                    mean_return = self.evaluate(state)
                     self.driver.mean_returns.append([self.env_steps, mean_return])
                     progress.update_returns(np.array([mean_return]))
                 self.wall_s += time.perf_counter() - start - (self.compile_s - compile_before)
