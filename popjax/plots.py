@@ -203,16 +203,28 @@ def cemrl_plot(rows: list[dict[str, float]], path: Path, title: str = "") -> Pat
     return path
 
 
-def dvd_plot(rows: list[dict[str, float]], path: Path, title: str = "") -> Path:
-    """DvD: the scheduled diversity weight, the diversity loss -log det K and the embedding distance."""
+def dvd_plot(rows: list[dict[str, float]], path: Path, title: str = "", schedule: dict | None = None,
+             pop_size: int = 1) -> Path:
+    """DvD: the diversity weight (schedule and logged values), -log det K and the embedding distance.
+
+    ``schedule`` (summary.json's ``dvd_schedule``) has thresholds in env steps summed over members;
+    they are drawn at ``threshold / pop_size`` on the per-member axis.
+    """
     fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
     for ax, column, label in zip(axes, ("diversity_weight", "diversity_loss", "embedding_distance"),
                                  ("diversity weight", "-log det(K + eps I)", "mean RMS action distance"), strict=True):
         xs, ys = _per_step(rows, column)
         if xs:
-            ax.plot(xs, ys, "C0.-", drawstyle="steps-post" if column == "diversity_weight" else "default")
+            ax.plot(xs, ys, "C0o" if column == "diversity_weight" else "C0.-",
+                    label="logged (last training call)" if column == "diversity_weight" else None)
         ax.set_ylabel(label, fontsize=9)
         ax.grid(alpha=0.3)
+    if schedule and rows:
+        end = max(row["env_steps"] for row in rows)
+        edges = [0.0] + [t / pop_size for t in schedule["thresholds"] if t / pop_size < end] + [end]
+        weights = schedule["weights"][: len(edges) - 1]
+        axes[0].step(edges, weights + weights[-1:], "C1-", where="post", label="schedule")
+        axes[0].legend(fontsize=8)
     axes[0].set_title(title)
     axes[-1].set_xlabel("env steps per member")
     fig.tight_layout()
@@ -231,4 +243,5 @@ def shared_critic_plots(rd, driver: str) -> list[Path]:
     title = f"{driver}: {cfg.get('learner')} on {cfg.get('env')}, pop {cfg.get('pop_size')}"
     if driver == "cemrl":
         return [cemrl_plot(rows, rd.path / "plots" / "cemrl_fitness.png", title)]
-    return [dvd_plot(rows, rd.path / "plots" / "dvd_diversity.png", title)]
+    schedule = rd.read_summary().get("dvd_schedule") if (rd.path / "summary.json").exists() else None
+    return [dvd_plot(rows, rd.path / "plots" / "dvd_diversity.png", title, schedule, int(cfg.get("pop_size", 1)))]
