@@ -238,8 +238,9 @@ def test_good_pbt_config_is_resolved():
 
 def test_no_retrace_after_exploit():
     """The vmapped update is traced once although PBT changed every hparam value (incl. int32 delay)."""
-    from popjax.buffers import make_uniform_buffer
-    from popjax.drivers.population import make_population
+    from popjax.buffers import BufferState, make_uniform_buffer
+    from popjax.drivers.population import PopState, make_population
+    from popjax.types import Transition
 
     traces = []
 
@@ -248,23 +249,25 @@ def test_no_retrace_after_exploit():
         return LEARNER.update(key, state, batch, hp)
 
     learner = LEARNER._replace(update=update)
-    pop = make_population(learner, make_uniform_buffer(64, 8), SPEC, 4, updates_per_iter=3)
-    _, hp = population(4)
-    state = jax.jit(pop.init)(jax.random.key(0), hp)
-    obs = jnp.ones((4, 16) + SPEC.obs_shape)
-    from popjax.types import Transition
-
-    state = pop.add(state, Transition(obs, jnp.zeros((4, 16, 1)), jnp.ones((4, 16)), obs, jnp.zeros((4, 16))))
+    pop = make_population(learner, make_uniform_buffer(64, 8), SPEC, 8, updates_per_iter=2)
+    learner_state, hp = population(8)  # shared with the test above (lru_cache): no extra init compile
+    obs = jax.random.normal(jax.random.key(0), (8, 64) + SPEC.obs_shape)
+    data = Transition(obs, jnp.zeros((8, 64, 1)), jnp.ones((8, 64)), obs, jnp.zeros((8, 64)))
+    full = jnp.full((8,), 64, jnp.int32)
+    state = PopState(learner=jax.tree.map(jnp.copy, learner_state),
+                     buffer=BufferState(data=data, insert_pos=jnp.zeros((8,), jnp.int32), size=full),
+                     hparams=jax.tree.map(jnp.copy, hp))  # copies: the driver donates what it replaces
     train = jax.jit(pop.train)
-    driver = PBTDriver(PBTConfig(interval=1, quantile=0.25, search_space=TD3_SPACE), 4, total_env_steps=100)
+    driver = PBTDriver(PBTConfig(interval=1, quantile=0.25, search_space=TD3_SPACE), 8, total_env_steps=100)
     for i in range(1, 4):
         state, _ = train(jax.random.key(i), state)
         before = hparams_table(state.hparams)
-        state = driver.after_eval(jax.random.key(10 + i), state, jnp.asarray([1.0, 2.0, 3.0, 4.0]), i)
+        state = driver.after_eval(jax.random.key(10 + i), state, jnp.arange(8.0), i)
         assert hparams_table(state.hparams) != before
     state, _ = train(jax.random.key(9), state)
     assert len(traces) == 1 and driver.trace_count == 1 and driver.rounds == 3
     assert jax.tree.map(lambda x: x.dtype, state.hparams) == jax.tree.map(lambda x: x.dtype, hp)
+    assert int(state.learner.steps.min()) >= 2  # members trained between exploits
 
 
 def test_driver_readiness_fitness_window_and_lineage():
