@@ -67,7 +67,11 @@ _EXTRA: dict[str, tuple] = {
         (("--frame",), {"type": int, "default": 84, "help": "DQN frame side (84 = Atari)"}),
         (
             ("--torch-threads",),
-            {"type": int, "default": None, "help": "torch.set_num_threads (default: torch's)"},
+            {
+                "default": None,
+                "help": "torch.set_num_threads, or a list such as 2,1: one PyTorch run per value, the "
+                "fastest is the baseline (default: torch's own, the number of cores)",
+            },
         ),
     ),
     "roofline": (
@@ -137,9 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--k", type=int, default=None, help="update steps per compiled call (default: 50 TD3/SAC, 10 DQN)"
         )
-        p.add_argument(
-            "--repeats", type=int, default=10, help="minimum timed calls (K-step calls: a quarter)"
-        )
+        p.add_argument("--repeats", type=int, default=10, help="minimum timed calls (K-step calls: a quarter)")
         p.add_argument("--min-time", type=float, default=1.0, help="minimum seconds of timed calls per point")
         p.add_argument(
             "--max-seconds",

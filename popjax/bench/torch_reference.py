@@ -45,6 +45,8 @@ except ImportError as _err:  # optional dependency: the `bench` extra
         "(pip install -e '.[bench]', i.e. torch==2.13.0) for the PyTorch baseline"
     )
 
+# torch's own default intra-op thread count (the number of cores), before anyone changes it.
+DEFAULT_THREADS = torch.get_num_threads() if torch is not None else None
 _LOG2 = math.log(2.0)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -234,9 +236,7 @@ class TorchSAC:
         with torch.no_grad():
             next_action, next_log_prob = self.sample(next_obs, noise_next)
             next_q = self.target_critic(next_obs, next_action).min(dim=0).values
-            y = reward * hp["reward_scale"] + hp["discount"] * (1.0 - terminated) * (
-                next_q - alpha * next_log_prob
-            )
+            y = reward * hp["reward_scale"] + hp["discount"] * (1.0 - terminated) * (next_q - alpha * next_log_prob)
         q = self.critic(obs, action)
         critic_loss = 0.5 * ((q - y) ** 2).mean(dim=-1).sum()
         self.critic_opt.zero_grad(set_to_none=True)
@@ -376,9 +376,7 @@ def batch_to_torch(batch, dev: str, channels_first: bool = False) -> dict[str, A
             x = np.ascontiguousarray(np.moveaxis(x, -1, -3))
         tensor = torch.from_numpy(np.array(x))
         out[name] = (
-            tensor.to(dev)
-            if tensor.dtype in (torch.uint8, torch.int32, torch.int64)
-            else tensor.float().to(dev)
+            tensor.to(dev) if tensor.dtype in (torch.uint8, torch.int32, torch.int64) else tensor.float().to(dev)
         )
     return out
 
