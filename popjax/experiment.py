@@ -244,8 +244,10 @@ class Trainer:
                 if evaluated:
                     returns = self.evaluate(state)
                     self._log_eval(state, returns, last_metrics)
+                    driver_compile = getattr(self.driver, "compile_s", 0.0)
                     state = self.driver.after_eval(self.key_for(6, self.iteration), state, jnp.asarray(returns),
                                                    self.env_steps)
+                    self.compile_s += getattr(self.driver, "compile_s", 0.0) - driver_compile
                     progress.update_returns(returns)
                 every = self.checkpoint_every
                 if self.checkpointer is not None and (evaluated or (every and self.iteration % every == 0)):
