@@ -79,23 +79,16 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-    elif kind is int:
+    elif kind in (int, float):
+        number = value
         if isinstance(value, str):
             try:
-                value = float(value)
+                number = float(value)
             except ValueError:
                 pass
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
-                and float(value).is_integer():
-            return int(value)
-    elif kind is float:
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
+        if isinstance(number, int | float) and not isinstance(number, bool) and math.isfinite(number) \
+                and (kind is float or float(number).is_integer()):
+            return kind(number)
     elif kind is str:
         if isinstance(value, str):
             return value

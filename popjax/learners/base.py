@@ -70,5 +70,13 @@ def select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
+def init_actor_critic(key: Key, actor_net, critic_net, spec: EnvSpec) -> tuple[PyTree, PyTree]:
+    """Parameters of an ``actor(obs)`` and a ``critic(obs, action)`` network for ``spec``."""
+    key_actor, key_critic = jax.random.split(key)
+    obs = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
+    action = jnp.zeros((1, spec.action_dim), jnp.float32)
+    return actor_net.init(key_actor, obs), critic_net.init(key_critic, obs, action)
+
+
 def scalar(value, dtype=jnp.float32) -> jax.Array:
     return jnp.asarray(value, dtype)

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from popjax.learners.base import Learner, LearnerDef, adam_init, adam_step, polyak, scalar
+from popjax.learners.base import Learner, LearnerDef, adam_init, adam_step, init_actor_critic, polyak, scalar
 from popjax.networks.mlp import GaussianActor, TwinCritic
 from popjax.types import EnvSpec, Key, PyTree, Transition
 
@@ -108,11 +108,7 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
 
     def init(key: Key, hparams: SACHParams) -> SACState:
         del hparams
-        key_actor, key_critic = jax.random.split(key)
-        obs = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
-        action = jnp.zeros((1, spec.action_dim), jnp.float32)
-        actor = actor_net.init(key_actor, obs)
-        critic = critic_net.init(key_critic, obs, action)
+        actor, critic = init_actor_critic(key, actor_net, critic_net, spec)
         log_alpha = jnp.zeros((), jnp.float32)
         return SACState(
             actor=actor,
