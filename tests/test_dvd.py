@@ -209,3 +209,21 @@ def test_tiny_dvd_run_writes_the_run_directory(tmp_path):
     assert int(run.state.env_steps) == 1800
     for name in ("learning_curves.png", "dvd_diversity.png"):
         assert (tmp_path / "plots" / name).stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_dvd_resume_equals_uninterrupted_run(tmp_path):
+    full = popjax.train(out_dir=tmp_path / "full", **TINY)
+    popjax.train(out_dir=tmp_path / "cut", **{**TINY, "total_env_steps": 400})
+    resumed = popjax.experiment.resume(tmp_path / "cut", total_env_steps=600)
+    assert resumed.summary["final_returns"] == full.summary["final_returns"]
+    for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_dvd_on_the_gymnasium_path(tmp_path):
+    run = popjax.train(out_dir=tmp_path, **{**TINY, "env": "gym:Pendulum-v1"})
+    assert run.summary["env_steps"] == 600 and run.summary["updates"] == 400
+    assert all(np.isfinite(run.summary["final_returns"]))
+    assert (tmp_path / "plots" / "dvd_diversity.png").exists()
