@@ -61,7 +61,7 @@ def metric_rows(run_dir: Path) -> list[dict]:
         return [{k: v for k, v in row.items() if k != "wall_s"} for row in csv.DictReader(f)]
 
 
-def assert_same_run(run, reference):
+def assert_same_run(run, reference, evaluations=6):
     for field in ("final_returns", "best_return", "env_steps", "updates", "hparams", "lineage", "pbt"):
         assert run.summary[field] == reference.summary[field], field
     assert json.loads((run.out_dir / "summary.json").read_text())["final_returns"] == \
@@ -72,7 +72,7 @@ def assert_same_run(run, reference):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     rows = metric_rows(run.out_dir)
     assert rows == metric_rows(reference.out_dir)  # nothing lost, nothing duplicated
-    assert len(rows) == 6 * 2
+    assert len(rows) == evaluations * 2
 
 
 def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(reference, tmp_path):
@@ -146,3 +146,20 @@ def test_resume_on_the_gym_path_continues_without_lost_or_duplicate_rows(tmp_pat
     assert run.summary["env_steps"] == 1500 and len(run.summary["lineage"]) == 2
     # everything up to the checkpoint is the same run
     assert rows[:8] == metric_rows(full.out_dir)[:8]
+
+
+@pytest.mark.slow
+def test_resume_on_brax_is_exact(tmp_path):
+    """Brax env state (physics pipeline state) is restored too: resumed == uninterrupted, bit for bit."""
+    xla_cache()
+    cfg = {**RUN, "env": "brax:inverted_pendulum", "total_env_steps": 1000, "warmup_steps": 200,
+           "eval_interval": 200, "pbt": {"interval": 400, "quantile": 0.5}, "checkpoint_interval": 0}
+    full = popjax.train(out_dir=tmp_path / "full", **cfg)
+    out = tmp_path / "cut"
+    shutil.copytree(full.out_dir, out)
+    (out / "summary.json").unlink()
+    ckpts = Checkpointer(out / "checkpoints")
+    for step in ckpts.steps()[-2:]:  # as if killed after the evaluation at 600 env steps
+        ckpts.delete(step)
+    ckpts.close()
+    assert_same_run(resume(out), full, evaluations=5)
