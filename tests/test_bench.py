@@ -86,7 +86,7 @@ def test_roofline_study_fields(out, update_json):
     assert positive(row["xla_flops_per_pop_step"]) and positive(row["analytic_flops_per_pop_step"])
     # XLA counts the matmuls plus elementwise work: never fewer FLOPs than the analytic matmul count.
     assert 0.9 < row["xla_over_analytic"] < 3.0
-    assert positive(row["gflops"]) and positive(row["fraction_of_peak"])
+    assert positive(row["gflops"]) and positive(row["fraction_of_peak"]) and positive(row["layer_gflops"])
 
 
 def test_analytic_flops_scale_with_width():

@@ -76,6 +76,41 @@ def time_calls(
     return summarize(times)
 
 
+def time_interleaved(
+    entries: Sequence[tuple[Callable[[], Any], Callable[[Any], Any], int]],
+    *,
+    min_time: float = 1.0,
+    max_time: float | None = None,
+    max_repeats: int = 200,
+) -> list[dict[str, Any]]:
+    """Times several (already warmed-up) calls **round-robin**: one call of each in turn.
+
+    Each entry is ``(call, sync, min_repeats)``; an entry stops once it has ``min_repeats`` calls
+    and ``min_time`` seconds (or ``max_time`` seconds, or ``max_repeats`` calls), the others go on.
+    On a shared machine this exposes every implementation to the same load, so their ratio
+    is meaningful even when the absolute times drift.
+    """
+    times: list[list[float]] = [[] for _ in entries]
+    spent = [0.0] * len(entries)
+    active = list(range(len(entries)))
+    while active:
+        for i in list(active):
+            call, sync, min_repeats = entries[i]
+            start = time.perf_counter()
+            sync(call())
+            elapsed = time.perf_counter() - start
+            times[i].append(elapsed)
+            spent[i] += elapsed
+            n = len(times[i])
+            if (
+                (n >= min_repeats and spent[i] >= min_time)
+                or n >= max_repeats
+                or (max_time is not None and spent[i] >= max_time)
+            ):
+                active.remove(i)
+    return [summarize(t) for t in times]
+
+
 def summarize(times: Sequence[float]) -> dict[str, Any]:
     arr = np.asarray(times, np.float64)
     q1, q3 = np.percentile(arr, [25, 75])

@@ -90,6 +90,22 @@ def matmul_peak(devices: int, sizes=(1024, 2048), opts=None) -> dict[str, Any]:
     return {"devices": devices, "peak_gflops": best["gflops"], "best_n": best["n"], "sizes": rows}
 
 
+def batched_layer_gflops(pop: int, devices: int, batch: int, width: int, opts=None) -> float:
+    """GFLOP/s of ``pop`` independent ``[batch, width] @ [width, width]`` matmuls (one vmapped dot):
+    the dominant layer of the population update at its real shapes — the attainable peak for it."""
+    key_a, key_b = jax.random.split(jax.random.key(pop))
+    a = common.place(jax.random.normal(key_a, (pop, batch, width), jnp.float32), devices)
+    b = common.place(jax.random.normal(key_b, (pop, width, width), jnp.float32), devices)
+    compiled, _ = common.compile_timed(lambda x, y: jnp.einsum("nbi,nio->nbo", x, y), a, b)
+    timing = common.time_calls(
+        functools.partial(compiled, a, b),
+        warmup=2,
+        min_repeats=getattr(opts, "repeats", 5),
+        min_time=getattr(opts, "min_time", 1.0),
+    )
+    return 2.0 * pop * batch * width * width / timing["median_s"] / 1e9
+
+
 def run(
     learners=("td3", "sac"),
     pops=update.DEFAULT_POPS,
@@ -140,6 +156,8 @@ def run(
                     "analytic_flops_per_pop_step": analytic["per_member_step"] * pop,
                     "xla_over_analytic": None if not flops_step else flops_step / (analytic["per_member_step"] * pop),
                     "peak_gflops": peaks[d]["peak_gflops"],
+                    # The same N independent [B, h] @ [h, h] products alone: what XLA attains at these shapes.
+                    "layer_gflops": batched_layer_gflops(pop, d, p.batch_size, max(p.config.hidden), opts),
                     "compile_s": one["compile"]["compile_s"],
                 }
                 timings = {"vmap": one}
@@ -159,6 +177,7 @@ def run(
                 row["best_impl"] = best
                 row["gflops"] = row[best]["gflops"]
                 row["fraction_of_peak"] = row[best]["fraction_of_peak"]
+                row["fraction_of_layer"] = row["gflops"] / row["layer_gflops"]
                 results.append(row)
                 last = (pop, sum(sum(o["timing"]["times_s"]) for o in timings.values()))  # execution only
                 log(

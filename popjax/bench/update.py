@@ -164,10 +164,37 @@ def _timing_kwargs(opts, k: int) -> dict[str, Any]:
     return dict(warmup=2, min_repeats=opts.repeats, min_time=opts.min_time, max_time=opts.max_seconds)
 
 
+def _ready(call, sync, opts, k: int, **fields) -> dict[str, Any]:
+    """A prepared implementation: warmed up (inside the caller's memory measurement), ready to time."""
+    kwargs = _timing_kwargs(opts, k)
+    for _ in range(kwargs["warmup"]):
+        sync(call())
+    return {"call": call, "sync": sync, "steps_per_call": k, "min_repeats": kwargs["min_repeats"], **fields}
+
+
+def measure(entries: list[dict[str, Any]], opts) -> list[dict[str, Any]]:
+    """Times prepared implementations **interleaved** (one call of each in turn, round-robin), so that
+    on a shared machine every implementation sees the same load; returns each entry with ``timing``."""
+    timings = common.time_interleaved(
+        [(e["call"], e["sync"], e["min_repeats"]) for e in entries], min_time=opts.min_time, max_time=opts.max_seconds
+    )
+    out = []
+    for entry, timing in zip(entries, timings, strict=True):
+        out.append(
+            {key: v for key, v in entry.items() if key not in ("call", "sync", "min_repeats")} | {"timing": timing}
+        )
+    return out
+
+
 _VMAP_COMPILED: dict[tuple, Any] = {}
 
 
 def run_vmap(p: Problem, pop: int, devices: int, k: int, opts, reuse: bool = False) -> dict[str, Any]:
+    """``prepare_vmap`` timed alone."""
+    return measure([prepare_vmap(p, pop, devices, k, opts, reuse)], opts)[0]
+
+
+def prepare_vmap(p: Problem, pop: int, devices: int, k: int, opts, reuse: bool = False) -> dict[str, Any]:
     """popjax vectorized: ``jit(vmap(update))`` (k == 1) or ``jit(scan(vmap(update)))`` (k > 1).
 
     ``reuse``: take the executable this process already compiled for the same point, if any
@@ -198,22 +225,21 @@ def run_vmap(p: Problem, pop: int, devices: int, k: int, opts, reuse: bool = Fal
             holder["state"] = new_state
             return new_state, metrics
 
-        timing = common.time_calls(call, **_timing_kwargs(opts, k))
-    return {
+        entry = _ready(call, common.block, opts, k)
+    flops = common.cost_flops(compiled)
+    return entry | {
         "compile": compile_times,
-        "timing": timing,
-        "steps_per_call": k,
         "memory": mem.result(),
         "xla_memory": common.memory_analysis(compiled),
         # With d devices XLA's cost analysis describes the partitioned (per-device) program.
-        "xla_flops_per_call": None if common.cost_flops(compiled) is None else common.cost_flops(compiled) * devices,
+        "xla_flops_per_call": None if flops is None else flops * devices,
     }
 
 
 _SEQ_COMPILED: dict[Problem, Any] = {}
 
 
-def run_jax_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
+def prepare_jax_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
     """The single-member update jitted once and called for member 0, 1, ..., pop-1 (one step each)."""
     learner, _ = make_learner(p)
     state, hparams = population_state(p, pop, opts.seed)
@@ -242,18 +268,16 @@ def run_jax_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
                 outs.append((states[i], metrics))
             return outs
 
-        timing = common.time_calls(call, **_timing_kwargs(opts, 1))
-    return {
+        entry = _ready(call, common.block, opts, 1)
+    return entry | {
         "compile": compile_times,
-        "timing": timing,
-        "steps_per_call": 1,
         "memory": mem.result(),
         "xla_memory": common.memory_analysis(compiled),
         "xla_flops_per_call": common.cost_flops(compiled),
     }
 
 
-def run_torch_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
+def prepare_torch_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
     """PyTorch, one member after another, one step per call (the paper's Torch (Sequential))."""
     import torch
 
@@ -261,7 +285,7 @@ def run_torch_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
 
     dev = tr.device()
     torch.manual_seed(opts.seed)
-    torch.set_num_threads(getattr(opts, "torch_threads", None) or tr.DEFAULT_THREADS)
+    threads = getattr(opts, "torch_threads", None) or tr.DEFAULT_THREADS
     _, hp1 = make_learner(p)
     hp = tr.hparams_dict(hp1)
     batch = jax.device_get(synthetic_batches(p, None, pop, opts.seed))
@@ -291,17 +315,11 @@ def run_torch_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
             ]
 
         def call():
+            torch.set_num_threads(threads)  # per call: implementations are timed interleaved
             return [m.update(b) for m, b in zip(members, batches, strict=True)]
 
-        timing = common.time_calls(call, sync=lambda _: tr.synchronize(dev), **_timing_kwargs(opts, 1))
-    return {
-        "compile": None,
-        "timing": timing,
-        "steps_per_call": 1,
-        "memory": mem.result(),
-        "torch_device": dev,
-        "torch_threads": torch.get_num_threads(),
-    }
+        entry = _ready(call, lambda _: tr.synchronize(dev), opts, 1)
+    return entry | {"compile": None, "memory": mem.result(), "torch_device": dev, "torch_threads": threads}
 
 
 # --- the study ---------------------------------------------------------------------------------------
@@ -438,6 +456,7 @@ def run(
                 variants.append(("jax_seq", 1, None))
             if "torch_seq" in impls:
                 variants += [("torch_seq", 1, t) for t in thread_counts]
+            prepared = []  # (impl, devices, threads, entry): all compiled and warmed up, then timed interleaved
             for impl, d, threads in variants:
                 if impl == "torch_seq" and notes and any(n.startswith("torch_seq skipped") for n in notes):
                     results.append(_skip(p, impl, pop, d, "PyTorch not installed"))
@@ -448,16 +467,21 @@ def run(
                     reason = f"estimated {estimate:.0f}s of timed calls > --max-seconds {max_seconds:.0f}"
                     results.append(_skip(p, impl, pop, d, reason))
                     continue
-                start = time.perf_counter()
                 if impl == "vmap":
-                    out = run_vmap(p, pop, d, 1, opts)
+                    entry = prepare_vmap(p, pop, d, 1, opts)
                 elif impl == "vmap_scan":
-                    out = run_vmap(p, pop, d, p.k, opts)
+                    entry = prepare_vmap(p, pop, d, p.k, opts)
                 elif impl == "jax_seq":
-                    out = run_jax_seq(p, pop, opts)
+                    entry = prepare_jax_seq(p, pop, opts)
                 else:
-                    out = run_torch_seq(p, pop, argparse.Namespace(**{**vars(opts), "torch_threads": threads}))
-                spent = time.perf_counter() - start
+                    entry = prepare_torch_seq(p, pop, argparse.Namespace(**{**vars(opts), "torch_threads": threads}))
+                prepared.append((impl, d, threads, entry))
+            if not prepared:
+                continue
+            start = time.perf_counter()
+            outs = measure([entry for *_, entry in prepared], opts)
+            spent = time.perf_counter() - start
+            for (impl, d, threads, _), out in zip(prepared, outs, strict=True):
                 timing = out["timing"]  # execution time only (compile excluded): it scales with N
                 last[(impl, d, threads)] = (
                     pop,
@@ -469,10 +493,11 @@ def run(
                     f"  {p.learner} {impl:9s} N={pop:3d} d={d}: {rec['ms_per_pop_step']:9.3f} ms/pop-step"
                     + (f"  compile {rec['compile_s']:.2f}s" if rec["compile_s"] is not None else "")
                     + (f"  threads {threads}" if threads else "")
-                    + f"  ({spent:.1f}s)"
+                    + f"  ({timing['repeats']} calls)"
                 )
-                add_ratios(results)
-                write(plot=False)  # partial results survive an interrupted run
+            log(f"  {p.learner} N={pop}: {len(prepared)} implementations timed interleaved in {spent:.0f}s")
+            add_ratios(results)
+            write(plot=False)  # partial results survive an interrupted run
     add_ratios(results)
     payload = write(plot=plot)
     log(f"wrote {common.output_paths(out_dir, STUDY)[0]}")
