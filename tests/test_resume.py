@@ -126,6 +126,25 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(reference, tmp
     assert Checkpointer(ckpts).steps()[-1] == 60
 
 
+def test_independent_driver_resume_is_exact(tmp_path):
+    """The base loop without driver state: cut after the evaluation at 1000 steps, resume, compare."""
+    xla_cache()  # same compiled programs as the PBT run (the driver does not change them)
+    cfg = {**RUN, "driver": "independent", "checkpoint_interval": 0}
+    full = popjax.train(out_dir=tmp_path / "full", **cfg)
+    out = tmp_path / "cut"
+    shutil.copytree(full.out_dir, out)
+    ckpts = Checkpointer(out / "checkpoints")
+    for step in ckpts.steps()[-2:]:
+        ckpts.delete(step)
+    ckpts.close()
+    run = resume(out)
+    for field in ("final_returns", "best_return", "env_steps", "updates", "hparams"):
+        assert run.summary[field] == full.summary[field], field
+    for a, b in zip(jax.tree.leaves(run.state), jax.tree.leaves(full.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert metric_rows(out) == metric_rows(full.out_dir)
+
+
 @pytest.mark.slow
 def test_resume_on_the_gym_path_continues_without_lost_or_duplicate_rows(tmp_path):
     """Host envs restart their episodes on resume, so only the bookkeeping is compared exactly."""
