@@ -179,11 +179,11 @@ def perturb_value(key: Key, value: jax.Array, r: Range, factors: tuple[float, ..
 
 def member_finite(states: PyTree) -> jax.Array:
     """``[pop]`` bool: every floating-point value of the member is finite."""
-    ok = None
-    for leaf in jax.tree.leaves(states):
+    leaves = jax.tree.leaves(states)
+    ok = jnp.ones(leaves[0].shape[0], bool)
+    for leaf in leaves:
         if jnp.issubdtype(leaf.dtype, jnp.inexact):
-            leaf_ok = jnp.isfinite(leaf.reshape(leaf.shape[0], -1)).all(axis=1)
-            ok = leaf_ok if ok is None else ok & leaf_ok
+            ok = ok & jnp.isfinite(leaf.reshape(leaf.shape[0], -1)).all(axis=1)
     return ok
 
 
