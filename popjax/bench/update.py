@@ -465,7 +465,7 @@ def run(
                 estimate = None if prev is None else prev[1] * pop / prev[0]
                 if estimate is not None and estimate > max_seconds:
                     reason = f"estimated {estimate:.0f}s of timed calls > --max-seconds {max_seconds:.0f}"
-                    results.append(_skip(p, impl, pop, d, reason))
+                    results.append(_skip(p, impl, pop, d, reason + (f" ({threads} threads)" if threads else "")))
                     continue
                 if impl == "vmap":
                     entry = prepare_vmap(p, pop, d, 1, opts)
