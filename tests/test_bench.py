@@ -123,7 +123,9 @@ def test_train_study_fields(out):
     (row,) = load(out / "train.json")["results"]
     assert "skipped" not in row, row
     assert positive(row["env_steps_per_s"]) and positive(row["wall_s"])
-    assert 0.0 < row["update_fraction"] <= 1.0 and 0.0 < row["compiled_fraction"] <= 1.0
+    # On the JAX path the update share is (fused call - collect-only call): a difference of two timings,
+    # which machine load can push to 0. Timing-derived values are checked for range, not size.
+    assert 0.0 <= row["update_fraction"] <= 1.0 and 0.0 < row["compiled_fraction"] <= 1.0
     assert row["steady_state"]["iterations"] >= 1
 
 
