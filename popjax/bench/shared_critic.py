@@ -15,14 +15,18 @@ process one after another (so ratios share the machine load):
 Synthetic batches already on the device (HalfCheetah sizes: obs 17, action 6), hidden
 (256, 256), B = 256 per member, as in the paper. Each timed call runs ``k`` steps (default 1,
 the paper's "one update step"); the reported time per step is ``call time / k``, the median
-after warm-up with every output leaf blocked on; compile time (lower + XLA) is reported
-separately. The paper compares against PyTorch sequential on GPUs; there is no PyTorch
-baseline here (the JAX-sequential baselines are named as such) and on a 2-core CPU
-vectorization is expected to give little (the paper: "no speedup when using one CPU core").
+after warm-up with every output leaf blocked on; the implementations are timed round-robin (one
+call of each per round) so that a varying machine load hits them alike; compile time (lower +
+XLA) is reported separately, and FLOPs per step come from XLA's cost analysis. The paper
+compares against PyTorch sequential on GPUs; there is no PyTorch baseline here (the
+JAX-sequential baselines are named as such). The vectorized critic update sees N sub-batches
+where a sequential one sees one, so it does more FLOPs per step (about 2x at N = 8): a GPU
+absorbs that in parallel, a 2-core CPU does not (the paper: "no speedup when using one CPU core").
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,6 +87,28 @@ def _loop_runner(shared, state, batches, keys, hparams):
     return call, sw.seconds
 
 
+def interleaved_times(calls: dict[str, Any], *, warmup: int = 2, min_repeats: int = 10, min_time: float = 1.0,
+                      max_repeats: int = 200) -> dict[str, dict[str, Any]]:
+    """Times several calls round-robin (one call of each per round, outputs blocked on), so a
+    machine load that changes over time affects every implementation alike (shared machines)."""
+    for call in calls.values():
+        for _ in range(warmup):
+            common.block(call())
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    spent = 0.0
+    while True:
+        for name, call in calls.items():
+            start = time.perf_counter()
+            common.block(call())
+            elapsed = time.perf_counter() - start
+            times[name].append(elapsed)
+            spent += elapsed
+        rounds = len(next(iter(times.values())))
+        if rounds >= max_repeats or (rounds >= min_repeats and spent >= min_time * len(calls)):
+            break
+    return {name: common.summarize(t) for name, t in times.items()}
+
+
 def measure(pop: int, *, k: int = 1, hidden: Sequence[int] = (256, 256), batch_size: int = 256, obs_dim: int = 17,
             action_dim: int = 6, impls: Sequence[str] = IMPLS, min_repeats: int = 10, min_time: float = 1.0,
             seed: int = 0) -> dict[str, Any]:
@@ -96,26 +122,29 @@ def measure(pop: int, *, k: int = 1, hidden: Sequence[int] = (256, 256), batch_s
     batches = common.block(_batches(key_batch, k, pop, batch_size, obs_dim, action_dim))
     keys = jax.random.split(key_steps, k * pop).reshape(k, pop)
     out: dict[str, Any] = {"pop": pop, "k": k}
-    timing = dict(min_repeats=min_repeats, min_time=min_time)
+    calls = {}
     for impl in impls:
         if impl == "sequential_loop":
-            call, compile_s = _loop_runner(shared, state, batches, keys, hparams)
+            calls[impl], compile_s = _loop_runner(shared, state, batches, keys, hparams)
             flops = None
         else:
             fn = shared.train if impl == "vectorized" else shared.sequential_update
             compiled, times = common.compile_timed(fn, keys, state, batches, hparams)
             compile_s, flops = times["compile_s"], common.cost_flops(compiled) if k == 1 else None
-            call = lambda compiled=compiled: compiled(keys, state, batches, hparams)
-        stats = common.time_calls(call, **timing)
-        out[f"{impl}_step_s"] = stats["median_s"] / k
-        out[f"{impl}_mean_step_s"] = stats["mean_s"] / k
-        out[f"{impl}_repeats"] = stats["repeats"]
+            calls[impl] = lambda compiled=compiled: compiled(keys, state, batches, hparams)
         out[f"{impl}_compile_s"] = compile_s
         if flops:
             out[f"{impl}_gflop_per_step"] = flops / 1e9
-            out[f"{impl}_gflops_per_s"] = flops / stats["median_s"] / 1e9
+    stats = interleaved_times(calls, min_repeats=min_repeats, min_time=min_time)
+    for impl in impls:
+        out[f"{impl}_step_s"] = stats[impl]["median_s"] / k
+        out[f"{impl}_mean_step_s"] = stats[impl]["mean_s"] / k
+        out[f"{impl}_iqr_step_s"] = stats[impl]["iqr_s"] / k
+        out[f"{impl}_repeats"] = stats[impl]["repeats"]
+        if f"{impl}_gflop_per_step" in out:
+            out[f"{impl}_gflops_per_s"] = out[f"{impl}_gflop_per_step"] / out[f"{impl}_step_s"]
         common.log(f"shared_critic N={pop} {impl}: {1e3 * out[f'{impl}_step_s']:.2f} ms/step "
-                   f"(compile {compile_s:.1f} s, {stats['repeats']} calls)")
+                   f"(compile {out[f'{impl}_compile_s']:.1f} s, {stats[impl]['repeats']} calls)")
     for impl in impls:
         if impl != "vectorized" and "vectorized" in impls:
             out[f"speedup_vs_{impl}"] = out[f"{impl}_step_s"] / out["vectorized_step_s"]
