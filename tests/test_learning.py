@@ -28,7 +28,8 @@ def test_dqn_solves_the_chain_probe(tmp_path):
 
 
 SLOW_PENDULUM = dict(env="gym:Pendulum-v1", pop_size=4, total_env_steps=20_000, warmup_steps=1_000,
-                     eval_interval=2_000, eval_episodes=5, batch_size=256, buffer_size=20_000, progress=False)
+                     eval_interval=2_000, eval_episodes=5, batch_size=256, buffer_size=20_000,
+                     learner_config={"hidden": [64, 64]}, progress=False)
 
 
 @pytest.mark.slow
@@ -52,7 +53,7 @@ def test_dqn_cartpole_best_member_reaches_475(tmp_path):
 def test_td3_brax_inverted_pendulum_reaches_900(tmp_path):
     run = popjax.train(learner="td3", env="brax:inverted_pendulum", pop_size=2, total_env_steps=20_000,
                        warmup_steps=1_000, eval_interval=5_000, eval_episodes=2, batch_size=256,
-                       buffer_size=20_000, progress=False, out_dir=tmp_path)
+                       buffer_size=20_000, learner_config={"hidden": [64, 64]}, progress=False, out_dir=tmp_path)
     print("brax", run.summary["best_return"], run.summary["final_returns"], run.summary["wall_s"],
           run.summary["compile_s"])
     assert run.summary["best_return"] >= 900
