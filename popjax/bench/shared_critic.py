@@ -155,7 +155,7 @@ def plot(payload: dict[str, Any], path) -> Any:
     plt = common.pyplot()
     rows = payload["results"]
     pops = [r["pop"] for r in rows]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.2))
     labels = {"vectorized": "vectorized (fast-PBT: critic loss averaged over N)",
               "sequential": "sequential CEM-RL order, one compiled program",
               "sequential_loop": "sequential CEM-RL order, loop of jitted calls"}
@@ -178,6 +178,14 @@ def plot(payload: dict[str, Any], path) -> Any:
     ax2.set_ylabel("speed-up of the vectorized step")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
+    for impl, style in zip(("vectorized", "sequential"), ("C0o-", "C1s-"), strict=True):
+        if f"{impl}_gflop_per_step" in rows[0]:
+            ax3.plot(pops, [r[f"{impl}_gflop_per_step"] for r in rows], style, label=impl)
+    ax3.set_xscale("log", base=2)
+    ax3.set_xlabel("population size N")
+    ax3.set_ylabel("GFLOP per population update step (XLA)")
+    ax3.grid(alpha=0.3)
+    ax3.legend(fontsize=8)
     fig.tight_layout()
     return common.save_figure(fig, path, payload["machine"])
 
