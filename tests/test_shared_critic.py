@@ -184,15 +184,17 @@ def test_sequential_reference_counts_and_one_step_equivalence():
     state = trained_state(hp)
     b, keys = batches(13, (K, POP, CONFIG.batch_size)), step_keys(14, (K, POP))
     seq, seq_metrics = JIT(SHARED.sequential_update)(keys, state, b, hp)
+    inter, _ = JIT(functools.partial(SHARED.sequential_update, interleave=True))(keys, state, b, hp)
     vec, _ = TRAIN(keys, state, b, hp)
-    for s in (seq, vec):
+    for s in (seq, inter, vec):
         assert int(s.steps) == 2 * K
         assert int(s.critic_opt.count) == 2 * K
         np.testing.assert_array_equal(s.actor_opt.count, [2 * K] * POP)
         assert all(np.isfinite(x).all() for x in jax.tree.leaves(s))
     assert np.isfinite(seq_metrics["member_critic_loss"]).all()
-    # the two orders differ (the paper's second-order change)
+    # the orders differ (the paper's second-order change)
     assert not np.allclose(jax.tree.leaves(seq.critic)[0], jax.tree.leaves(vec.critic)[0])
+    assert not np.allclose(jax.tree.leaves(seq.critic)[0], jax.tree.leaves(inter.critic)[0])
     new_values = {"actor_lr": [1e-2, 1e-5, 0.0], "policy_delay": [1, 3, 2]}
     hp2 = population_hparams(td3.default_hparams(), POP, new_values)
     TRAIN(keys, state, b, hp2)

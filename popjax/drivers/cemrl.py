@@ -38,13 +38,15 @@ Options (``RunConfig.cemrl``): ``n_trained``, ``n_elites``, ``init_var``, ``cov_
 the fast-PBT modification) or ``"sequential"`` (the original CEM-RL order within each call of K
 steps: member by member, its K / n_trained critic updates then its K actor updates; set
 ``updates_per_call`` to the generation's G to reproduce CEM-RL exactly, e.g. 2000 for 10
-Pendulum actors). TD3 hparams are the learner's, with
+Pendulum actors) or ``"sequential_interleaved"`` (member by member, its critic updates spread
+between its actor updates). TD3 hparams are the learner's, with
 ``policy_delay = 1`` (CEM-RL) unless set in ``hparams``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -66,6 +68,7 @@ from popjax.progress import TrainProgress
 from popjax.types import Key, Transition, dummy_transition
 
 TRAIN_METRICS = ("critic_loss", "member_critic_loss", "actor_loss", "q_mean")
+CRITIC_ORDERS = ("vectorized", "sequential", "sequential_interleaved")
 # Key purposes (Trainer.key_for) used by this driver; the base Trainer uses 0-6.
 KEY_GENERATION, KEY_EVAL = 10, 11
 
@@ -118,8 +121,9 @@ def settings_from_config(config) -> CEMRLSettings:
         raise ConfigError(f"pop_size: cemrl needs at least 2 members, got {pop}")
     if not 1 <= opts["n_trained"] <= pop:
         raise ConfigError(f"cemrl.n_trained: must be in [1, pop_size={pop}], got {opts['n_trained']}")
-    if opts["critic_order"] not in ("vectorized", "sequential"):
-        raise ConfigError(f"cemrl.critic_order: must be 'vectorized' or 'sequential', got {opts['critic_order']!r}")
+    if opts["critic_order"] not in CRITIC_ORDERS:
+        raise ConfigError(f"cemrl.critic_order: must be one of {', '.join(CRITIC_ORDERS)}, "
+                          f"got {opts['critic_order']!r}")
     if opts["updates_per_call"] < 1:
         raise ConfigError(f"cemrl.updates_per_call: must be >= 1, got {opts['updates_per_call']}")
     try:
@@ -182,7 +186,9 @@ def make_cemrl(shared: SharedCriticTD3, buffer: Buffer, spec, pop_size: int,
     unravel_many = jax.vmap(unravel)
     ravel_many = jax.vmap(lambda p: ravel_pytree(p)[0])
     v_sample = jax.vmap(buffer.sample, in_axes=(0, None))
-    train = shared.train if settings.critic_order == "vectorized" else shared.sequential_update
+    train = {"vectorized": shared.train, "sequential": shared.sequential_update,
+             "sequential_interleaved": functools.partial(shared.sequential_update, interleave=True)}[
+        settings.critic_order]
 
     def init(key: Key, hparams) -> CEMRLState:
         key_mean, key_learner = jax.random.split(key)

@@ -24,7 +24,8 @@ DvD, where this choice is moot).
 ``sequential_update`` is the reference for tests and benchmarks: the original CEM-RL order
 (Pourchot & Sigaud 2019, Algorithm 1 / ``es_grad.py``), one member after the other, each
 doing its share of the critic updates on its own sub-batches, then its actor updates
-through the current critic. Over ``K`` steps it does exactly ``K`` critic updates and ``K``
+through the current critic (``interleave=True`` spreads each member's critic updates between
+its actor updates instead). Over ``K`` steps it does exactly ``K`` critic updates and ``K``
 actor updates per member, like ``train`` (vectorized) does.
 
 DvD (``diversity`` given): the embedding of actor ``i`` is its actions on all ``pop * B``
@@ -43,6 +44,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from popjax.learners.base import adam_init, adam_step, polyak, select
@@ -96,7 +98,7 @@ class SharedCriticTD3(NamedTuple):
     update: Callable  # (keys[pop], state, batch[pop, B], hparams[pop], weight=0.) -> (state, metrics[pop])
     critic_grads: Callable  # (keys[pop], state, batch[pop, B], hparams[pop]) -> (loss, grads, member_losses)
     train: Callable  # (keys[K, pop], state, batches[K, pop, B], hparams, weight=0.) -> (state, metrics[pop])
-    sequential_update: Callable  # (keys[K, pop], state, batches[K, pop, B], hparams) -> (state, metrics[pop])
+    sequential_update: Callable  # (keys[K, pop], state, batches[K, pop, B], hparams, interleave=False) -> ...
     critic_step: Callable  # one sequential critic update on one member's batch
     actor_step: Callable  # one sequential actor update of one member
     policy: Callable  # (state, obs[pop, ...]) -> actions[pop, ...]
@@ -308,15 +310,20 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
         actor, actor_opt = adam_step(actor, grads, actor_opt, hp.actor_lr)
         return (actor, actor_opt, polyak(target_actor, actor, hp.tau)), loss
 
-    def sequential_update(keys: Key, state: SharedCriticState, batches: Transition,
-                          hparams: TD3HParams) -> tuple[SharedCriticState, Metrics]:
+    def sequential_update(keys: Key, state: SharedCriticState, batches: Transition, hparams: TD3HParams,
+                          interleave: bool = False) -> tuple[SharedCriticState, Metrics]:
         """The CEM-RL order over ``K`` steps (``keys [K, pop]``, ``batches [K, pop, B, ...]``).
 
-        Member ``i`` in turn: its ``K // pop`` (+1 for the first ``K % pop`` members) critic
-        updates, each on its own sub-batch of a distinct step ``s`` with ``keys[s, i]``, then its
-        ``K`` actor updates through the current critic on ``batches[:, i]``. Totals: ``K`` critic
-        updates (as ``train``), ``K`` actor updates per member. Ignores ``policy_delay``
-        (CEM-RL uses 1). Python loop over members: the order is the point of this function.
+        Member ``i`` in turn gets ``K // pop`` (+1 for the first ``K % pop`` members) critic
+        updates on its own sub-batches (targets from its own target actor) and ``K`` actor
+        updates through the current critic on ``batches[:, i]``. ``interleave=False``
+        (CEM-RL's Algorithm 1 and ``es_grad.py``): first all its critic updates, each on the
+        sub-batch of a distinct step ``s`` with ``keys[s, i]``, then its actor updates.
+        ``interleave=True``: its critic updates spread evenly between its actor updates (a
+        critic update on the same step's sub-batch before the actor update of that step).
+        Totals either way: ``K`` critic updates (as ``train``), ``K`` actor updates per member.
+        Ignores ``policy_delay`` (CEM-RL uses 1). Python loop over members: the order is the
+        point of this function.
         """
         n_steps = keys.shape[0]
         counts = [n_steps // pop_size + (i < n_steps % pop_size) for i in range(pop_size)]
@@ -326,22 +333,40 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
         for i, count in enumerate(counts):
             hp = jax.tree.map(lambda x, i=i: x[i], hparams)
             member = lambda tree, i=i: jax.tree.map(lambda x: x[i], tree)
-            sub = jax.tree.map(lambda x, i=i, start=start, count=count: x[start:start + count, i], batches)
-
-            def critic_body(part, xs, i=i, hp=hp, member=member):
-                return critic_step(xs[0], part, member(state.target_actor), xs[1], hp)
-
-            critic_part, losses = jax.lax.scan(critic_body, critic_part, (keys[start:start + count, i], sub))
-            critic_losses.append(losses.mean() if count else jnp.zeros(()))
-            start += count
-
-            def actor_body(part, obs, hp=hp, critic=critic_part[0]):
-                return actor_step(part, critic, obs, hp)
-
             part = (member(state.actor), member(state.actor_opt), member(state.target_actor))
-            part, losses = jax.lax.scan(actor_body, part, batches.obs[:, i])
+            if interleave:
+                mask = np.zeros(n_steps, bool)
+                mask[(np.arange(count) * n_steps) // max(count, 1)] = True
+
+                def body(carry, xs, hp=hp):
+                    critic_part, part = carry
+                    key, batch, do_critic = xs
+                    critic_part, loss = jax.lax.cond(
+                        do_critic, lambda cp: critic_step(key, cp, part[2], batch, hp),
+                        lambda cp: (cp, jnp.zeros((), jnp.float32)), critic_part)
+                    part, actor_loss = actor_step(part, critic_part[0], batch.obs, hp)
+                    return (critic_part, part), (loss, actor_loss)
+
+                member_batches = jax.tree.map(lambda x, i=i: x[:, i], batches)
+                (critic_part, part), (losses, a_losses) = jax.lax.scan(
+                    body, (critic_part, part), (keys[:, i], member_batches, jnp.asarray(mask)))
+                critic_losses.append(losses.sum() / max(count, 1))
+            else:
+                sub = jax.tree.map(lambda x, i=i, start=start, count=count: x[start:start + count, i], batches)
+
+                def critic_body(cp, xs, hp=hp, target_actor=part[2]):
+                    return critic_step(xs[0], cp, target_actor, xs[1], hp)
+
+                critic_part, losses = jax.lax.scan(critic_body, critic_part, (keys[start:start + count, i], sub))
+                critic_losses.append(losses.mean() if count else jnp.zeros(()))
+
+                def actor_body(part, obs, hp=hp, critic=critic_part[0]):
+                    return actor_step(part, critic, obs, hp)
+
+                part, a_losses = jax.lax.scan(actor_body, part, batches.obs[:, i])
+            start += count
             actors.append(part)
-            actor_losses.append(losses.mean())
+            actor_losses.append(a_losses.mean())
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *actors)
         critic, critic_opt, target_critic = critic_part
         new_state = SharedCriticState(actor=stacked[0], actor_opt=stacked[1], target_actor=stacked[2],
