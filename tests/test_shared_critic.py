@@ -184,9 +184,8 @@ def test_sequential_reference_counts_and_one_step_equivalence():
     state = trained_state(hp)
     b, keys = batches(13, (K, POP, CONFIG.batch_size)), step_keys(14, (K, POP))
     seq, seq_metrics = JIT(SHARED.sequential_update)(keys, state, b, hp)
-    inter, _ = JIT(functools.partial(SHARED.sequential_update, interleave=True))(keys, state, b, hp)
     vec, _ = TRAIN(keys, state, b, hp)
-    for s in (seq, inter, vec):
+    for s in (seq, vec):
         assert int(s.steps) == 2 * K
         assert int(s.critic_opt.count) == 2 * K
         np.testing.assert_array_equal(s.actor_opt.count, [2 * K] * POP)
@@ -194,11 +193,23 @@ def test_sequential_reference_counts_and_one_step_equivalence():
     assert np.isfinite(seq_metrics["member_critic_loss"]).all()
     # the orders differ (the paper's second-order change)
     assert not np.allclose(jax.tree.leaves(seq.critic)[0], jax.tree.leaves(vec.critic)[0])
-    assert not np.allclose(jax.tree.leaves(seq.critic)[0], jax.tree.leaves(inter.critic)[0])
     new_values = {"actor_lr": [1e-2, 1e-5, 0.0], "policy_delay": [1, 3, 2]}
     hp2 = population_hparams(td3.default_hparams(), POP, new_values)
     TRAIN(keys, state, b, hp2)
     assert len(TRACES) == 1
+
+
+@pytest.mark.slow
+def test_interleaved_sequential_order_has_the_same_update_counts():
+    hp = population_hparams(td3.default_hparams(), POP, {"policy_delay": 1})
+    state = initial_state(hp)
+    b, keys = batches(15, (K, POP, CONFIG.batch_size)), step_keys(16, (K, POP))
+    inter, metrics = JIT(functools.partial(SHARED.sequential_update, interleave=True))(keys, state, b, hp)
+    block, _ = JIT(SHARED.sequential_update)(keys, state, b, hp)
+    assert int(inter.critic_opt.count) == K
+    np.testing.assert_array_equal(inter.actor_opt.count, [K] * POP)
+    assert np.isfinite(metrics["member_critic_loss"]).all()
+    assert not np.allclose(jax.tree.leaves(inter.critic)[0], jax.tree.leaves(block.critic)[0])
 
 
 SHARDED_SCRIPT = """
