@@ -184,8 +184,8 @@ class DvDDriver:
 
 
 class DvDTrainer(Trainer):
-    """The base loop; evaluations before the first update log NaN metrics, so metrics.csv (whose
-    header is fixed by its first rows) always has the DvD columns."""
+    """The base loop; evaluations before the first update log the DvD metrics as NaN, so every row
+    of metrics.csv has them (and the plots find the columns from the first row on)."""
 
     def _log_eval(self, state, returns, metrics):
         filled = {name: np.full(self.config.pop_size, np.nan) for name in METRICS}
