@@ -404,6 +404,16 @@ def output_paths(out: str | Path | None, study: str) -> tuple[Path, Path]:
     return out / f"{study}.json", out / f"{study}.png"
 
 
+def write_study(out: str | Path | None, study: str, payload: dict[str, Any], plot_fn, plot: bool) -> dict[str, Any]:
+    """Writes ``<study>.json`` (and its PNG via ``plot_fn(payload, png_path)`` when ``plot``); returns the payload."""
+    json_path, png_path = output_paths(out, study)
+    write_json(json_path, payload)
+    if plot:
+        plot_fn(payload, png_path)
+    log(f"wrote {json_path}")
+    return payload
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -99,12 +99,7 @@ def run(
     payload = common.study_payload(
         STUDY, params, results, started, load_before=load_before, load_after=common.load_average()
     )
-    json_path, png_path = common.output_paths(out_dir, STUDY)
-    common.write_json(json_path, payload)
-    if plot:
-        plot_compile(payload, png_path)
-    log(f"wrote {json_path}")
-    return payload
+    return common.write_study(out_dir, STUDY, payload, plot_compile, plot)
 
 
 def plot_compile(payload: dict[str, Any], path) -> Any:

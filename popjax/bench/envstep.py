@@ -270,12 +270,7 @@ def run(
     payload = common.study_payload(
         STUDY, params, results, started, notes, load_before=load_before, load_after=common.load_average()
     )
-    json_path, png_path = common.output_paths(out_dir, STUDY)
-    common.write_json(json_path, payload)
-    if plot:
-        plot_envstep(payload, png_path)
-    log(f"wrote {json_path}")
-    return payload
+    return common.write_study(out_dir, STUDY, payload, plot_envstep, plot)
 
 
 def plot_envstep(payload: dict[str, Any], path) -> Any:

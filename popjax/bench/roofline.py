@@ -207,12 +207,7 @@ def run(
         load_before=load_before,
         load_after=common.load_average(),
     )
-    json_path, png_path = common.output_paths(out_dir, STUDY)
-    common.write_json(json_path, payload)
-    if plot:
-        plot_roofline(payload, png_path)
-    log(f"wrote {json_path}")
-    return payload
+    return common.write_study(out_dir, STUDY, payload, plot_roofline, plot)
 
 
 def plot_roofline(payload: dict[str, Any], path) -> Any:

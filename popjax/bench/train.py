@@ -152,12 +152,7 @@ def run(envs=("gym:HalfCheetah-v5", "brax:halfcheetah"), learner="td3", pops=(1,
               "driver": "independent", "eval": "one deterministic episode per member at the end"}
     payload = common.study_payload(STUDY, params, results, started, load_before=load_before,
                                    load_after=common.load_average())
-    json_path, png_path = common.output_paths(out_dir, STUDY)
-    common.write_json(json_path, payload)
-    if plot:
-        plot_train(payload, png_path)
-    log(f"wrote {json_path}")
-    return payload
+    return common.write_study(out_dir, STUDY, payload, plot_train, plot)
 
 
 def plot_train(payload: dict[str, Any], path) -> Any:
