@@ -19,7 +19,6 @@ from popjax.drivers.pbt import (
     initial_hparams,
     parse_pbt_config,
     perturb_value,
-    sample_range,
 )
 from popjax.envs.registry import make_jax_env
 from popjax.learners import dqn, sac, td3
@@ -178,11 +177,11 @@ def test_perturb_moves_by_the_factors_inside_the_space():
 
 def test_samplers_stay_in_the_space_and_integers_are_uniform():
     key = jax.random.key(0)
-    ints = np.asarray(sample_range(key, Range(1, 5, integer=True), (20_000,)))
+    ints = np.asarray(Range(1, 5, integer=True).sample(key, (20_000,)))
     counts = np.bincount(ints.astype(int), minlength=6)[1:]
     assert set(np.unique(ints).tolist()) == {1, 2, 3, 4, 5}
     assert np.all(np.abs(counts / 20_000 - 0.2) < 0.015)
-    lr = np.asarray(sample_range(key, Range(3e-5, 3e-3, log=True), (20_000,)))
+    lr = np.asarray(Range(3e-5, 3e-3, log=True).sample(key, (20_000,)))
     assert lr.min() >= 3e-5 and lr.max() <= 3e-3
     assert abs(np.mean(np.log10(lr)) - np.log10(3e-4)) < 0.02  # log-uniform: median at the geometric middle
     defaults = population_hparams(td3.default_hparams(), 16)

@@ -151,16 +151,6 @@ def parse_pbt_config(raw: Mapping[str, Any], *, learner: str, hparams_names: tup
 
 # --- pure population functions ------------------------------------------------------------------
 
-def sample_range(key: Key, r: Range, shape: tuple[int, ...]) -> jax.Array:
-    """Draws from a prior; integer ranges are uniform over ``{low, ..., high}``."""
-    u = jax.random.uniform(key, shape)
-    if r.integer:
-        return jnp.minimum(jnp.floor(r.low + u * (r.high - r.low + 1.0)), r.high)
-    if r.log:
-        return jnp.exp(jnp.log(r.low) + u * (jnp.log(r.high) - jnp.log(r.low)))
-    return r.low + u * (r.high - r.low)
-
-
 def perturb_value(key: Key, value: jax.Array, r: Range, factors: tuple[float, ...]) -> jax.Array:
     """Scales by a random factor (reflected at the bounds, nudged for integers), clipped to ``r``."""
     f = jnp.asarray(factors, jnp.float32)[jax.random.randint(key, value.shape, 0, len(factors))]
@@ -195,7 +185,7 @@ def explore_hparams(key: Key, hparams, config: PBTConfig):
         key_name = jax.random.fold_in(key, i)
         key_sample, key_perturb, key_coin = jax.random.split(key_name, 3)
         old = getattr(hparams, name)
-        value = sample_range(key_sample, r, (pop,))
+        value = r.sample(key_sample, (pop,))
         if config.explore == "perturb":
             perturbed = perturb_value(key_perturb, old, r, config.perturb_factors)
             coin = jax.random.uniform(key_coin, (pop,)) < config.resample_probability
@@ -249,7 +239,7 @@ def initial_hparams(key: Key, hparams, space: Mapping[str, Range], keep: set[str
     for i, (name, r) in enumerate(sorted(space.items())):
         if name not in keep:
             old = getattr(hparams, name)
-            new[name] = sample_range(jax.random.fold_in(key, i), r, (pop,)).astype(old.dtype)
+            new[name] = r.sample(jax.random.fold_in(key, i), (pop,)).astype(old.dtype)
     return hparams.replace(**new)
 
 
@@ -385,4 +375,4 @@ def pbt_initial_hparams(run_config, learner_def, learner_config, hparams):
 
 
 __all__ = ["PBTConfig", "PBTDriver", "exploit_and_explore", "explore_hparams", "initial_hparams",
-           "make_pbt_driver", "parse_pbt_config", "perturb_value", "sample_range"]
+           "make_pbt_driver", "parse_pbt_config", "perturb_value"]

@@ -29,12 +29,13 @@ class Range:
             raise ValueError(f"a log-uniform range needs low > 0, got {self.low}")
 
     def sample(self, key: Key, shape: tuple[int, ...]) -> jax.Array:
+        """Draws from the prior; integer ranges are uniform over ``{low, ..., high}``."""
         u = jax.random.uniform(key, shape)
+        if self.integer:
+            return jnp.minimum(jnp.floor(self.low + u * (self.high - self.low + 1.0)), self.high)
         if self.log:
-            value = jnp.exp(jnp.log(self.low) + u * (jnp.log(self.high) - jnp.log(self.low)))
-        else:
-            value = self.low + u * (self.high - self.low)
-        return jnp.round(value) if self.integer else value
+            return jnp.exp(jnp.log(self.low) + u * (jnp.log(self.high) - jnp.log(self.low)))
+        return self.low + u * (self.high - self.low)
 
     def clip(self, value: jax.Array) -> jax.Array:
         return jnp.clip(value, self.low, self.high)
