@@ -11,7 +11,7 @@ import pytest
 
 import popjax
 from popjax.config import ConfigError
-from popjax.drivers.dvd import DvDSettings, diversity_weight
+from popjax.drivers.dvd import DvDSettings, WeightBandit, diversity_weight
 from popjax.learners import td3
 from popjax.learners.base import adam_step
 from popjax.learners.shared_critic import (
@@ -184,6 +184,9 @@ TINY = dict(learner="td3", env="probe:pendulum", driver="dvd", pop_size=3, total
     ({"dvd": {"kernel": "rbf"}}, "dvd: unknown key"),
     ({"dvd": {"thresholds": [1, 2], "weights": [0.1]}}, "one more weight"),
     ({"dvd": {"jitter": 0}}, "must be > 0"),
+    ({"dvd": {"weight_source": "ucb"}}, "weight_source"),
+    ({"dvd": {"weight_source": "bandit", "bandit_arms": [0.5]}}, "at least two"),
+    ({"dvd": {"bandit_arms": ["a", "b"]}}, "list of numbers"),
     ({"learner": "sac"}, "learner"),
 ])
 def test_bad_options_fail_before_compiling(bad, message, tmp_path):
@@ -211,10 +214,49 @@ def test_tiny_dvd_run_writes_the_run_directory(tmp_path):
         assert (tmp_path / "plots" / name).stat().st_size > 10_000
 
 
+def test_bandit_rewards_the_arm_played_when_the_best_return_improves():
+    bandit = WeightBandit(arms=(0.0, 0.5), random_draws=0)
+    played = []
+    for i, best in enumerate([1.0, 2.0, 2.0, 5.0, 4.0, 6.0]):
+        played.append(bandit.arm)
+        weight = bandit.observe_and_choose(jax.random.key(i), best)
+        assert weight == bandit.arms[bandit.arm]
+    # evaluation i rewards the arm drawn at evaluation i-1: improved at 2, 4 and 6, not at 3 and 5
+    improved = [True, False, True, False, True]
+    expected_s, expected_f = [0, 0], [0, 0]
+    for arm, up in zip(played[1:], improved, strict=True):
+        (expected_s if up else expected_f)[arm] += 1
+    assert (bandit.successes, bandit.failures) == (expected_s, expected_f)
+    assert bandit.draws == 6 and bandit.last_best == 6.0
+
+
+def test_bandit_posterior_picks_the_arm_that_keeps_improving():
+    # Beta(41, 1) against Beta(1, 41): the improving arm wins every Thompson draw
+    trained = lambda random_draws: WeightBandit(arms=(0.0, 0.5, 1.0), random_draws=random_draws,
+                                                successes=[0, 40, 0], failures=[40, 0, 40])
+    assert {trained(0).observe_and_choose(jax.random.key(k), 0.0) for k in range(20)} == {0.5}
+    # the first ``random_draws`` draws ignore the posterior
+    assert {trained(5).observe_and_choose(jax.random.key(k), 0.0) for k in range(20)} == {0.0, 0.5, 1.0}
+
+
+def test_tiny_dvd_run_with_the_bandit_logs_its_draws(tmp_path):
+    run = popjax.train(out_dir=tmp_path, **{**TINY, "dvd": {"weight_source": "bandit", "bandit_arms": [0.0, 0.7],
+                                                            "normalize": True}})
+    bandit = run.summary["dvd_bandit"]
+    # 3 evaluations: the first only draws, the next two reward the arm played before them
+    assert bandit["draws"] == 3 and sum(bandit["successes"]) + sum(bandit["failures"]) == 2
+    assert bandit["last_best"] == max(run.summary["final_returns"])
+    assert float(run.state.bandit_weight) == pytest.approx([0.0, 0.7][bandit["arm"]])
+    with (tmp_path / "metrics.csv").open() as f:
+        weights = [float(r["diversity_weight"]) for r in csv.DictReader(f)]
+    assert all(w in (0.0, pytest.approx(0.7)) for w in weights[3:])
+
+
 @pytest.mark.slow
-def test_dvd_resume_equals_uninterrupted_run(tmp_path):
-    full = popjax.train(out_dir=tmp_path / "full", **TINY)
-    popjax.train(out_dir=tmp_path / "cut", **{**TINY, "total_env_steps": 400})
+@pytest.mark.parametrize("dvd", [TINY["dvd"], {"weight_source": "bandit", "normalize": True}])
+def test_dvd_resume_equals_uninterrupted_run(dvd, tmp_path):
+    full = popjax.train(out_dir=tmp_path / "full", **{**TINY, "dvd": dvd})
+    popjax.train(out_dir=tmp_path / "cut", **{**TINY, "dvd": dvd, "total_env_steps": 400})
     resumed = popjax.experiment.resume(tmp_path / "cut", total_env_steps=600)
     assert resumed.summary["final_returns"] == full.summary["final_returns"]
     for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state), strict=True):

@@ -8,13 +8,23 @@ population), and each actor's DPG gradient gets ``weight * grad(-log det(K + eps
 ``K`` the RBF kernel over the actors' behaviour embeddings (their actions on all ``pop * B``
 states of the step). Policy delay 2 (TD3's default, as in the release).
 
-The diversity weight follows the fast-PBT release's schedule instead of DvD's bandit (the
-original Thompson-sampling bandit is **not implemented**): indexed by the env steps summed
-over members ``x``: 0 for ``x < 5e4``, 0.3 for ``x < 3e5``, 0.5 for ``x < 7e5``, then 0.2.
-``schedule_scale`` multiplies the thresholds (``"auto"`` = this run's total budget / 3e6, the
-release's budget, to compress the schedule into a short run). The count ``x`` lives in the
-state (``DvDState.env_steps``), so the weight is computed inside the compiled step and a
-resumed run continues the schedule exactly.
+The diversity weight comes from one of two sources:
+
+* ``schedule`` (default, the fast-PBT release): indexed by the env steps summed over members
+  ``x``: 0 for ``x < 5e4``, 0.3 for ``x < 3e5``, 0.5 for ``x < 7e5``, then 0.2.
+  ``schedule_scale`` multiplies the thresholds (``"auto"`` = this run's total budget / 3e6, the
+  release's budget, to compress the schedule into a short run). The count ``x`` lives in the
+  state (``DvDState.env_steps``), so the weight is computed inside the compiled step and a
+  resumed run continues the schedule exactly.
+* ``bandit`` (the original DvD paper's adaptation): a Bernoulli Thompson-sampling bandit over
+  ``bandit_arms`` (default ``(0.0, 0.5)``), Beta(1, 1) priors. At every evaluation the arm
+  played since the previous one is rewarded 1 if the best member's eval return improved on the
+  previous evaluation's, else 0; then an arm is drawn for the next period (``bandit_random``
+  first draws are uniform, to seed the posteriors). Until the first evaluation the weight is 0.
+  The counts live in the driver (saved in checkpoints and ``summary.json``), the chosen weight
+  in ``DvDState.bandit_weight``. Reward definition and arms follow Parker-Holder et al. 2020 as
+  summarised in reference §6; that paper is not in ``shared/papers``, so details such as the
+  number of uniform first draws are this library's choice.
 
 The whole driver is a population of the standard kind (``init/act/policy/add/train`` over a
 ``DvDState`` pytree), so the base ``Trainer`` runs it unchanged, with its keys, evaluation,
@@ -24,7 +34,8 @@ pairs on the step's states).
 
 Options (``RunConfig.dvd``): ``rbf_scale`` (1.0), ``jitter`` (1e-6), ``normalize`` (False:
 the release's unnormalised squared distance; True divides it by the embedding size),
-``embedding_states`` (0 = all ``pop * B``), ``thresholds``, ``weights``, ``schedule_scale``.
+``embedding_states`` (0 = all ``pop * B``), ``thresholds``, ``weights``, ``schedule_scale``,
+``weight_source`` (``"schedule"`` or ``"bandit"``), ``bandit_arms``, ``bandit_random`` (2).
 """
 
 from __future__ import annotations
@@ -56,6 +67,9 @@ class DvDSettings:
     thresholds: tuple[float, ...] = (5e4, 3e5, 7e5)  # env steps summed over members
     weights: tuple[float, ...] = (0.0, 0.3, 0.5, 0.2)
     schedule_scale: float = 1.0
+    weight_source: str = "schedule"  # or "bandit"
+    bandit_arms: tuple[float, ...] = (0.0, 0.5)
+    bandit_random: int = 2  # first bandit draws that are uniform over the arms
 
 
 def diversity_weight(env_steps: jax.Array, settings: DvDSettings) -> jax.Array:
@@ -69,7 +83,8 @@ def settings_from_config(config) -> DvDSettings:
     from popjax.drivers.cemrl import parse_options
 
     defaults = {"rbf_scale": 1.0, "jitter": 1e-6, "normalize": False, "embedding_states": 0,
-                "thresholds": (5e4, 3e5, 7e5), "weights": (0.0, 0.3, 0.5, 0.2), "schedule_scale": 1.0}
+                "thresholds": (5e4, 3e5, 7e5), "weights": (0.0, 0.3, 0.5, 0.2), "schedule_scale": 1.0,
+                "weight_source": "schedule", "bandit_arms": (0.0, 0.5), "bandit_random": 2}
     given = dict(config.dvd)
     auto = given.get("schedule_scale") == "auto"
     if auto:
@@ -83,6 +98,16 @@ def settings_from_config(config) -> DvDSettings:
         raise ConfigError("dvd: rbf_scale, jitter and schedule_scale must be > 0")
     if opts["embedding_states"] < 0:
         raise ConfigError(f"dvd.embedding_states: must be >= 0, got {opts['embedding_states']}")
+    if opts["weight_source"] not in ("schedule", "bandit"):
+        raise ConfigError(f"dvd.weight_source: {opts['weight_source']!r} is not one of 'schedule', 'bandit'")
+    try:
+        arms = tuple(float(x) for x in opts["bandit_arms"])
+    except (TypeError, ValueError):
+        raise ConfigError(f"dvd.bandit_arms: expected a list of numbers, got {opts['bandit_arms']!r}") from None
+    if len(arms) < 2 or min(arms) < 0:
+        raise ConfigError(f"dvd.bandit_arms: needs at least two weights >= 0, got {list(arms)}")
+    if int(opts["bandit_random"]) < 0:
+        raise ConfigError(f"dvd.bandit_random: must be >= 0, got {opts['bandit_random']}")
     thresholds, weights = tuple(float(x) for x in opts["thresholds"]), tuple(float(x) for x in opts["weights"])
     if len(weights) != len(thresholds) + 1 or list(thresholds) != sorted(thresholds):
         raise ConfigError(f"dvd: needs increasing thresholds and one more weight than thresholds, got "
@@ -90,7 +115,8 @@ def settings_from_config(config) -> DvDSettings:
     diversity = DiversityConfig(rbf_scale=opts["rbf_scale"], jitter=opts["jitter"],
                                 embedding_states=int(opts["embedding_states"]), normalize=opts["normalize"])
     return DvDSettings(diversity=diversity, thresholds=thresholds, weights=weights,
-                       schedule_scale=float(opts["schedule_scale"]))
+                       schedule_scale=float(opts["schedule_scale"]), weight_source=opts["weight_source"],
+                       bandit_arms=arms, bandit_random=int(opts["bandit_random"]))
 
 
 @struct.dataclass
@@ -99,6 +125,7 @@ class DvDState:
     buffer: BufferState  # one buffer fed by all members
     hparams: Any  # TD3HParams [pop]
     env_steps: jax.Array  # int32, transitions added so far, summed over members (indexes the schedule)
+    bandit_weight: jax.Array  # float32, the bandit's current weight (weight_source "bandit")
 
 
 def make_dvd_population(shared: SharedCriticTD3, buffer: Buffer, spec, pop_size: int, updates_per_iter: int,
@@ -108,7 +135,8 @@ def make_dvd_population(shared: SharedCriticTD3, buffer: Buffer, spec, pop_size:
 
     def init(key: Key, hparams) -> DvDState:
         return DvDState(learner=shared.init(key, hparams), buffer=buffer.init(dummy_transition(spec)),
-                        hparams=hparams, env_steps=jnp.zeros((), jnp.int32))
+                        hparams=hparams, env_steps=jnp.zeros((), jnp.int32),
+                        bandit_weight=jnp.zeros((), jnp.float32))
 
     def act(key: Key, state: DvDState, obs: jax.Array) -> jax.Array:
         return shared.act(key, state.learner, obs, state.hparams)
@@ -126,7 +154,10 @@ def make_dvd_population(shared: SharedCriticTD3, buffer: Buffer, spec, pop_size:
         return state.replace(buffer=buffer.add(state.buffer, flat), env_steps=state.env_steps + n)
 
     def train(key: Key, state: DvDState) -> tuple[DvDState, Metrics]:
-        weight = diversity_weight(state.env_steps, settings)
+        if settings.weight_source == "bandit":
+            weight = state.bandit_weight
+        else:
+            weight = diversity_weight(state.env_steps, settings)
 
         def one_step(learner, step_key):
             key_sample, key_update = jax.random.split(step_key)
@@ -160,27 +191,80 @@ def adapt_setup(setup):
     return dataclasses.replace(setup, learner=shared, population=population, collector=collector)
 
 
+@dataclasses.dataclass
+class WeightBandit:
+    """Bernoulli Thompson sampling over diversity weights (DvD's adaptation); host side, saved with the run."""
+
+    arms: tuple[float, ...]
+    random_draws: int
+    successes: list[int] = dataclasses.field(default_factory=list)
+    failures: list[int] = dataclasses.field(default_factory=list)
+    arm: int = -1  # the arm played since the last evaluation; -1 before the first
+    draws: int = 0
+    last_best: float | None = None  # best member's return at the previous evaluation
+
+    def __post_init__(self):
+        self.successes = self.successes or [0] * len(self.arms)
+        self.failures = self.failures or [0] * len(self.arms)
+
+    def observe_and_choose(self, key: Key, best_return: float) -> float:
+        """Rewards the arm just played (1 iff ``best_return`` beat the previous evaluation), draws the next."""
+        if self.arm >= 0:
+            improved = self.last_best is not None and best_return > self.last_best
+            (self.successes if improved else self.failures)[self.arm] += 1
+        self.last_best = best_return
+        key_uniform, key_posterior = jax.random.split(key)
+        if self.draws < self.random_draws:
+            self.arm = int(jax.random.randint(key_uniform, (), 0, len(self.arms)))
+        else:
+            alpha = 1.0 + jnp.asarray(self.successes, jnp.float32)
+            beta = 1.0 + jnp.asarray(self.failures, jnp.float32)
+            self.arm = int(jnp.argmax(jax.random.beta(key_posterior, alpha, beta)))
+        self.draws += 1
+        return self.arms[self.arm]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"arms": list(self.arms), "successes": list(self.successes), "failures": list(self.failures),
+                "arm": self.arm, "draws": self.draws, "last_best": self.last_best}
+
+
 class DvDDriver:
-    """Hook object for the base Trainer; everything DvD needs lives in the state pytree."""
+    """Hook object for the base Trainer: the schedule lives in the state pytree, the bandit here."""
 
     name = "dvd"
 
     def __init__(self, settings: DvDSettings | None = None):
         self.settings = settings
+        self.bandit = None
+        if settings is not None and settings.weight_source == "bandit":
+            self.bandit = WeightBandit(settings.bandit_arms, settings.bandit_random)
 
     def after_eval(self, key, state, returns, env_steps):
-        del key, returns, env_steps
-        return state
+        del env_steps
+        if self.bandit is None:
+            return state
+        finite = np.asarray(returns)[np.isfinite(returns)]
+        best = float(finite.max()) if finite.size else -float("inf")  # all diverged: no improvement
+        weight = self.bandit.observe_and_choose(key, best)
+        return state.replace(bandit_weight=jnp.asarray(weight, jnp.float32))
 
     def state_dict(self) -> dict[str, Any]:
         if self.settings is None:
             return {}
+        if self.bandit is not None:
+            return {"dvd_bandit": self.bandit.state_dict()}
         s = self.settings
         return {"dvd_schedule": {"thresholds": [t * s.schedule_scale for t in s.thresholds],
                                  "weights": list(s.weights), "indexed_by": "env steps summed over members"}}
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
-        del data
+        saved = data.get("dvd_bandit")
+        if self.bandit is not None and saved is not None:
+            if tuple(saved["arms"]) != self.bandit.arms:
+                raise ConfigError(f"dvd.bandit_arms: the run was started with {saved['arms']}, "
+                                  f"not {list(self.bandit.arms)}")
+            self.bandit = WeightBandit(self.bandit.arms, self.bandit.random_draws, list(saved["successes"]),
+                                       list(saved["failures"]), saved["arm"], saved["draws"], saved["last_best"])
 
 
 class DvDTrainer(Trainer):

@@ -1,0 +1,140 @@
+"""CEM-RL (pop 10, 5 trained, shared critic) vs plain TD3 at one env-step budget, shared code.
+
+Used by ``cemrl_pendulum.py`` (reference §8 R3) and ``cemrl_halfcheetah.py``:
+
+    .venv/bin/python experiments/cemrl_<name>.py [--budget N] [--seeds 0,1,2]
+        [--orders vectorized,sequential] [--env ENV] [--hidden 64,64] [--out runs/cemrl_<name>]
+
+The budget counts env steps summed over the population (CEM-RL's 10 actors share it; each TD3
+seed gets all of it). CEM-RL runs with both critic orders: the fast-PBT vectorized step and the
+original sequential CEM-RL order (``updates_per_call`` = one generation's G = pop x episode
+length, so member by member: G/5 critic updates, then G actor updates, exactly as in CEM-RL).
+TD3 runs the same seeds as independent members of one population. Batch 256, popjax TD3
+defaults (CEM-RL: policy delay 1). Writes every run directory under ``--out``, a summary JSON
+(experiments/results/cemrl_<name>.json) and a plot (experiments/plots/cemrl_<name>.png): CEM
+mean-actor return vs TD3 eval return against total env steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+import popjax
+from popjax.envs.registry import env_spec
+
+HERE = Path(__file__).parent
+
+
+def common(hidden: list[int]) -> dict:
+    return dict(learner="td3", batch_size=256, learner_config={"hidden": hidden}, progress=False)
+
+
+def cemrl_run(env: str, budget: int, seed: int, order: str, hidden: list[int], out: Path) -> dict:
+    pop = 10
+    cemrl = {"critic_order": order}
+    if order == "sequential":
+        # one generation's G (each of the 10 actors plays one full episode): the exact CEM-RL order
+        cemrl["updates_per_call"] = pop * env_spec(env).max_episode_steps
+    run = popjax.train(env=env, driver="cemrl", pop_size=pop, seed=seed, total_env_steps=budget // pop,
+                       warmup_steps=100, eval_interval=budget // pop // 10, eval_episodes=10,
+                       buffer_size=max(budget, 4000), cemrl=cemrl, out_dir=out, **common(hidden))
+    s = run.summary
+    curve = [[steps * pop, ret] for steps, ret in s["cem_mean_returns"]]  # total env steps
+    return {"method": f"cemrl_{order}", "seed": seed, "curve": curve, "final": s["final_return"],
+            "best": s["best_return"], "updates": s["updates"], "wall_s": s["wall_s"], "compile_s": s["compile_s"],
+            "s_per_update": s["wall_s"] / max(s["updates"], 1), "out": str(out)}
+
+
+def td3_runs(env: str, budget: int, seeds: list[int], hidden: list[int], warmup: int, out: Path) -> list[dict]:
+    run = popjax.train(env=env, driver="independent", pop_size=len(seeds), seed=seeds[0], total_env_steps=budget,
+                       warmup_steps=warmup, eval_interval=budget // 10, eval_episodes=10, buffer_size=budget,
+                       out_dir=out, **common(hidden))
+    with (out / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    s = run.summary
+    results = []
+    for m, seed in enumerate(seeds):
+        curve = [[int(r["env_steps"]), float(r["eval_return"])] for r in rows if int(r["member"]) == m]
+        results.append({"method": "td3", "seed": seed, "member": m, "curve": curve, "final": curve[-1][1],
+                        "best": max(c[1] for c in curve), "updates": s["updates"], "wall_s": s["wall_s"],
+                        "compile_s": s["compile_s"], "s_per_update": s["wall_s"] / max(s["updates"], 1),
+                        "note": "wall_s/updates of the whole TD3 population (all seeds in one vmapped call)",
+                        "out": str(out)})
+    return results
+
+
+def plot(results: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    methods = sorted({r["method"] for r in results})
+    for i, method in enumerate(methods):
+        curves = [np.asarray(r["curve"]) for r in results if r["method"] == method]
+        for c in curves:
+            ax.plot(c[:, 0], c[:, 1], color=f"C{i}", lw=0.8, alpha=0.35)
+        n = min(len(c) for c in curves)
+        stacked = np.stack([c[:n] for c in curves])
+        ax.plot(stacked[0, :, 0], stacked[:, :, 1].mean(0), color=f"C{i}", lw=2.2,
+                label=f"{method} (mean of {len(curves)} seeds)")
+    ax.set_xlabel("env steps (summed over the population)")
+    ax.set_ylabel("eval return (CEM-RL: CEM mean actor)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(name: str, description: str, budget: int, seeds: str, orders: str, env: str, hidden: str,
+         td3_warmup: int) -> None:
+    """The experiment ``cemrl_<name>`` with these defaults for its command-line options."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--budget", type=int, default=budget, help="env steps summed over the population")
+    parser.add_argument("--seeds", default=seeds)
+    parser.add_argument("--orders", default=orders)
+    parser.add_argument("--env", default=env)
+    parser.add_argument("--hidden", default=hidden, help="hidden sizes of actor and critic, comma-separated")
+    parser.add_argument("--td3-warmup", type=int, default=td3_warmup, help="TD3 baseline random warm-up steps")
+    parser.add_argument("--no-td3", action="store_true")
+    parser.add_argument("--out", default=f"runs/cemrl_{name}")
+    parser.add_argument("--results", default=str(HERE / "results" / f"cemrl_{name}.json"))
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    hidden = [int(h) for h in args.hidden.split(",")]
+    out = Path(args.out)
+    results_path = Path(args.results)
+    results = json.loads(results_path.read_text())["runs"] if results_path.exists() else []
+    done = {(r["method"], r["seed"]) for r in results}
+    for order in [o for o in args.orders.split(",") if o]:
+        for seed in seeds:
+            if (f"cemrl_{order}", seed) in done:
+                continue
+            results.append(cemrl_run(args.env, args.budget, seed, order, hidden, out / f"cemrl_{order}_s{seed}"))
+            save_results(results_path, args, results)
+            print(json.dumps({k: v for k, v in results[-1].items() if k != "curve"}))
+    if not args.no_td3 and not any(r["method"] == "td3" for r in results):
+        results += td3_runs(args.env, args.budget, seeds, hidden, args.td3_warmup, out / "td3")
+        save_results(results_path, args, results)
+    plot(results, HERE / "plots" / f"cemrl_{name}.png",
+         f"CEM-RL (pop 10) vs TD3 on {args.env}, {args.budget} env steps, hidden {tuple(hidden)}")
+    for method in sorted({r["method"] for r in results}):
+        rs = [r for r in results if r["method"] == method]
+        finals = [r["final"] for r in rs]
+        print(f"{method}: final {np.mean(finals):.1f} ± {np.std(finals):.1f} over seeds {[r['seed'] for r in rs]}; "
+              f"best {np.mean([r['best'] for r in rs]):.1f}; s/update {np.mean([r['s_per_update'] for r in rs]):.4f}")
+
+
+def save_results(path: Path, args, results: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"config": vars(args), "runs": results}, indent=1) + "\n")
+
