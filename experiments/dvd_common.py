@@ -38,7 +38,7 @@ import popjax
 HERE = Path(__file__).parent
 VARIANTS = {
     "dvd": {"schedule_scale": "auto", "normalize": True, "rbf_scale": 0.5},
-    "dvd_release_kernel": {"schedule_scale": "auto"},
+    "dvd_release_kernel": {"schedule_scale": "auto", "normalize": False, "rbf_scale": 1.0},
     "dvd_bandit": {"weight_source": "bandit", "normalize": True, "rbf_scale": 0.5},
     "weight0": {"weights": [0.0, 0.0, 0.0, 0.0]},
 }

@@ -32,8 +32,10 @@ metrics, checkpoints and exact resume. metrics.csv gains ``diversity_loss`` (``-
 ``diversity_weight`` and ``embedding_distance`` (mean RMS action difference between actor
 pairs on the step's states).
 
-Options (``RunConfig.dvd``): ``rbf_scale`` (1.0), ``jitter`` (1e-6), ``normalize`` (False:
-the release's unnormalised squared distance; True divides it by the embedding size),
+Options (``RunConfig.dvd``): ``rbf_scale`` (0.5), ``jitter`` (1e-6), ``normalize`` (True: the
+squared distance is divided by the embedding size; ``normalize: false, rbf_scale: 1.0`` is the
+release's kernel, which is ~identity at B = 256 so its diversity gradient vanishes: see
+experiments/RESULTS.md),
 ``embedding_states`` (0 = all ``pop * B``), ``thresholds``, ``weights``, ``schedule_scale``,
 ``weight_source`` (``"schedule"`` or ``"bandit"``), ``bandit_arms``, ``bandit_random`` (2).
 """
@@ -82,7 +84,7 @@ def diversity_weight(env_steps: jax.Array, settings: DvDSettings) -> jax.Array:
 def settings_from_config(config) -> DvDSettings:
     from popjax.drivers.cemrl import parse_options
 
-    defaults = {"rbf_scale": 1.0, "jitter": 1e-6, "normalize": False, "embedding_states": 0,
+    defaults = {"rbf_scale": 0.5, "jitter": 1e-6, "normalize": True, "embedding_states": 0,
                 "thresholds": (5e4, 3e5, 7e5), "weights": (0.0, 0.3, 0.5, 0.2), "schedule_scale": 1.0,
                 "weight_source": "schedule", "bandit_arms": (0.0, 0.5), "bandit_random": 2}
     given = dict(config.dvd)

@@ -62,20 +62,21 @@ class DiversityConfig:
 
     Attributes:
       rbf_scale: ``K = exp(-D / (2 * rbf_scale))`` with ``D`` the squared embedding distance
-        (not normalised by the embedding size, as in the fast-PBT release; 1.0 there).
+        (0.5 with ``normalize``; the fast-PBT release uses 1.0 on the unnormalised ``D``).
       jitter: ``eps`` in ``log det(K + eps I)``; ``K`` has a unit diagonal.
       embedding_states: how many of the step's ``pop * B`` observations form the embedding
         (the first ones of the gathered batch); 0 = all of them (release).
       normalize: divide ``D`` by the embedding size, so ``rbf_scale`` is in units of squared
         action difference per coordinate. With the release's unnormalised ``D`` (sums over
         ``pop * B * |A|`` coordinates), ``K`` is ~identity unless actors nearly coincide,
-        and the diversity gradient vanishes; normalising keeps it active at any batch size.
+        and the diversity gradient vanishes; normalising keeps it active at any batch size, so
+        it is the default (``normalize=False, rbf_scale=1.0`` is the release's kernel).
     """
 
-    rbf_scale: float = 1.0
+    rbf_scale: float = 0.5
     jitter: float = 1e-6
     embedding_states: int = 0
-    normalize: bool = False
+    normalize: bool = True
 
 
 @struct.dataclass
