@@ -26,6 +26,7 @@ import numpy as np
 
 import popjax
 from popjax.envs.registry import env_spec
+from popjax.plots import save_figure
 
 HERE = Path(__file__).parent
 
@@ -68,46 +69,51 @@ def td3_runs(env: str, budget: int, seeds: list[int], hidden: list[int], warmup:
     return results
 
 
-def plot(results: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+def plot_seed_curves(ax, runs: list[dict], color: str, method: str) -> None:
+    """Each run's ``curve`` ([x, return] rows) thin, and their mean over seeds thick."""
+    curves = [np.asarray(r["curve"]) for r in runs]
+    for c in curves:
+        ax.plot(c[:, 0], c[:, 1], color=color, lw=0.8, alpha=0.35)
+    n = min(len(c) for c in curves)
+    stacked = np.stack([c[:n] for c in curves])
+    ax.plot(stacked[0, :, 0], stacked[:, :, 1].mean(0), color=color, lw=2.2,
+            label=f"{method} (mean of {len(curves)} seeds)")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def plot(results: list[dict], path: Path, title: str) -> None:
+    import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    methods = sorted({r["method"] for r in results})
-    for i, method in enumerate(methods):
-        curves = [np.asarray(r["curve"]) for r in results if r["method"] == method]
-        for c in curves:
-            ax.plot(c[:, 0], c[:, 1], color=f"C{i}", lw=0.8, alpha=0.35)
-        n = min(len(c) for c in curves)
-        stacked = np.stack([c[:n] for c in curves])
-        ax.plot(stacked[0, :, 0], stacked[:, :, 1].mean(0), color=f"C{i}", lw=2.2,
-                label=f"{method} (mean of {len(curves)} seeds)")
+    for i, method in enumerate(sorted({r["method"] for r in results})):
+        plot_seed_curves(ax, [r for r in results if r["method"] == method], f"C{i}", method)
     ax.set_xlabel("env steps (summed over the population)")
     ax.set_ylabel("eval return (CEM-RL: CEM mean actor)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
+
+
+def experiment_parser(prefix: str, name: str, description: str, budget: int, seeds: str, env: str, hidden: str,
+                      td3_warmup: int) -> argparse.ArgumentParser:
+    """The options shared by the CEM-RL and DvD comparisons (``<prefix>_<name>``), with these defaults."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--budget", type=int, default=budget, help="env steps summed over the population")
+    parser.add_argument("--seeds", default=seeds)
+    parser.add_argument("--env", default=env)
+    parser.add_argument("--hidden", default=hidden, help="hidden sizes of actor and critic, comma-separated")
+    parser.add_argument("--td3-warmup", type=int, default=td3_warmup, help="TD3 baseline random warm-up steps")
+    parser.add_argument("--out", default=f"runs/{prefix}_{name}")
+    parser.add_argument("--results", default=str(HERE / "results" / f"{prefix}_{name}.json"))
+    return parser
 
 
 def main(name: str, description: str, budget: int, seeds: str, orders: str, env: str, hidden: str,
          td3_warmup: int) -> None:
     """The experiment ``cemrl_<name>`` with these defaults for its command-line options."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--budget", type=int, default=budget, help="env steps summed over the population")
-    parser.add_argument("--seeds", default=seeds)
+    parser = experiment_parser("cemrl", name, description, budget, seeds, env, hidden, td3_warmup)
     parser.add_argument("--orders", default=orders)
-    parser.add_argument("--env", default=env)
-    parser.add_argument("--hidden", default=hidden, help="hidden sizes of actor and critic, comma-separated")
-    parser.add_argument("--td3-warmup", type=int, default=td3_warmup, help="TD3 baseline random warm-up steps")
     parser.add_argument("--no-td3", action="store_true")
-    parser.add_argument("--out", default=f"runs/cemrl_{name}")
-    parser.add_argument("--results", default=str(HERE / "results" / f"cemrl_{name}.json"))
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     hidden = [int(h) for h in args.hidden.split(",")]

@@ -25,15 +25,15 @@ return vs summed env steps, and the embedding distance).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 from pathlib import Path
 
 import numpy as np
-from cemrl_common import common, save_results, td3_runs
+from cemrl_common import common, experiment_parser, plot_seed_curves, save_results, td3_runs
 
 import popjax
+from popjax.plots import save_figure
 
 HERE = Path(__file__).parent
 VARIANTS = {
@@ -69,21 +69,12 @@ def dvd_run(env: str, budget: int, seed: int, variant: str, hidden: list[int], o
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, method in enumerate(sorted({r["method"] for r in results})):
         rs = [r for r in results if r["method"] == method]
-        curves = [np.asarray(r["curve"]) for r in rs]
-        for c in curves:
-            ax.plot(c[:, 0], c[:, 1], color=f"C{i}", lw=0.8, alpha=0.35)
-        n = min(len(c) for c in curves)
-        stacked = np.stack([c[:n] for c in curves])
-        ax.plot(stacked[0, :, 0], stacked[:, :, 1].mean(0), color=f"C{i}", lw=2.2,
-                label=f"{method} ({len(curves)} seeds)")
+        plot_seed_curves(ax, rs, f"C{i}", method)
         if "embedding_distance" in rs[0]:
             for j, r in enumerate(rs):
                 d = np.asarray([p for p in r["embedding_distance"] if p[1] == p[1]])
@@ -99,24 +90,14 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     ax2.set_title("behaviour-embedding distance (training batches)", fontsize=10)
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(name: str, description: str, budget: int, seeds: str, variants: str, env: str, hidden: str,
          td3_warmup: int) -> None:
     """The experiment ``dvd_<name>`` with these defaults for its command-line options."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--budget", type=int, default=budget, help="env steps summed over the population")
-    parser.add_argument("--seeds", default=seeds)
+    parser = experiment_parser("dvd", name, description, budget, seeds, env, hidden, td3_warmup)
     parser.add_argument("--variants", default=variants)
-    parser.add_argument("--env", default=env)
-    parser.add_argument("--hidden", default=hidden, help="hidden sizes of actor and critic, comma-separated")
-    parser.add_argument("--td3-warmup", type=int, default=td3_warmup, help="TD3 baseline random warm-up steps")
-    parser.add_argument("--out", default=f"runs/dvd_{name}")
-    parser.add_argument("--results", default=str(HERE / "results" / f"dvd_{name}.json"))
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     hidden = [int(h) for h in args.hidden.split(",")]

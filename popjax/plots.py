@@ -11,6 +11,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def save_figure(fig, path: Path) -> Path:
+    """Lays out, writes (creating the folder) and closes ``fig``."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def learning_curves(rows: list[dict[str, float]], path: Path, title: str = "") -> Path:
     """Eval return vs env steps per member (thin lines) and the best member at each eval (thick)."""
     by_member: dict[int, list[tuple[float, float]]] = defaultdict(list)
@@ -29,11 +38,7 @@ def learning_curves(rows: list[dict[str, float]], path: Path, title: str = "") -
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_run(run_dir) -> list[Path]:
@@ -84,11 +89,7 @@ def pbt_hparams_plot(rows: list[dict[str, float]], names: list[str], path: Path,
     if varying:
         axes.flat[0].legend(fontsize=6, ncol=2)
     fig.suptitle(title or "PBT hyperparameter schedules", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def pbt_lineage_plot(lineage: list[dict], pop_size: int, total_env_steps: float, path: Path, title: str = "",
@@ -125,11 +126,7 @@ def pbt_lineage_plot(lineage: list[dict], pop_size: int, total_env_steps: float,
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(title or f"PBT lineage ({len(lineage)} exploits; colour = original member; right: final return)",
                  fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def pbt_plots(rd) -> list[Path]:
@@ -196,11 +193,7 @@ def cemrl_plot(rows: list[dict[str, float]], path: Path, title: str = "") -> Pat
     ax2.set_xlabel("env steps per member")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def dvd_plot(rows: list[dict[str, float]], path: Path, title: str = "", schedule: dict | None = None,
@@ -227,11 +220,7 @@ def dvd_plot(rows: list[dict[str, float]], path: Path, title: str = "", schedule
         axes[0].legend(fontsize=8)
     axes[0].set_title(title)
     axes[-1].set_xlabel("env steps per member")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def shared_critic_plots(rd, driver: str) -> list[Path]:
