@@ -274,6 +274,8 @@ def test_probe_cartpole_matches_gymnasium_cartpole():
     ("Pendulum-v1", ["gym:<id>"]),
     ("gym:NoSuchEnv-v0", list(registry.GYM_IDS)),
     ("brax:nosuch", list(registry.BRAX_NAMES)),
+    ("brax:nosuch@spring", list(registry.BRAX_NAMES)),
+    ("brax:halfcheetah@warp", ["generalized", "positional", "spring", "mjx"]),
     ("probe:nosuch", ["pendulum", "cartpole", "bandit", "chain"]),
 ])
 def test_registry_errors_name_allowed_values(name, words):
@@ -283,6 +285,16 @@ def test_registry_errors_name_allowed_values(name, words):
     assert "\n" not in message and name in message
     for word in words:
         assert word in message
+
+
+def test_brax_backend_defaults_and_the_at_suffix():
+    from popjax.envs.brax import resolve_backend
+
+    assert resolve_backend("halfcheetah") == "spring"
+    assert resolve_backend("inverted_pendulum") == "generalized"  # spring's soft hinge cannot be balanced
+    assert registry.parse("brax:halfcheetah@generalized") == ("brax", "halfcheetah@generalized")
+    spec = registry.env_spec("brax:inverted_pendulum@spring")
+    assert spec.name == "brax:inverted_pendulum@spring" and spec.obs_shape == (4,)
 
 
 def test_registry_routes_paths():

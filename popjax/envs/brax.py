@@ -26,7 +26,8 @@ mjx            ~79 s / ~0.8k                    --
 ``DEFAULT_BACKEND = 'spring'`` is the fastest to both compile and run on CPU (swimmer only
 supports ``'generalized'``, and fails to trace under jax 0.10, so the registry leaves it out).
 ``inverted_pendulum`` defaults to ``'generalized'``: its spring model cannot be balanced by
-the linear controllers that balance the rigid one (see ``_PREFERRED_BACKENDS``).
+the linear controllers that balance the rigid one (see ``_PREFERRED_BACKENDS``). Any env takes
+another backend with a suffix: ``brax:halfcheetah@generalized``.
 Spring uses a smaller physics timestep with more substeps (same env ``dt``) and different
 actuator gears than ``'generalized'``, so its dynamics and returns are *not* those of MuJoCo; pass
 ``backend='generalized'`` for the most faithful brax physics. Published MuJoCo numbers come
@@ -66,6 +67,12 @@ _ONLY_BACKENDS = {"swimmer": ("generalized",)}
 _PREFERRED_BACKENDS = {"inverted_pendulum": "generalized"}
 
 
+def split_backend(env_id: str) -> tuple[str, str | None]:
+    """``"halfcheetah@generalized"`` -> ``("halfcheetah", "generalized")``; no ``@`` -> backend None."""
+    name, _, backend = env_id.partition("@")
+    return name, backend or None
+
+
 def resolve_backend(name: str, backend: str | None = None) -> str:
     """``backend``, or the default for ``name`` (``DEFAULT_BACKEND`` unless the env lacks it)."""
     supported = _ONLY_BACKENDS.get(name, BACKENDS)
@@ -79,6 +86,8 @@ def resolve_backend(name: str, backend: str | None = None) -> str:
 
 
 def _get_environment(name: str, backend: str | None):
+    if backend is None:
+        name, backend = split_backend(name)
     backend = resolve_backend(name, backend)
     envs = _brax_envs()
     with warnings.catch_warnings():

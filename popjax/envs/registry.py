@@ -5,6 +5,9 @@ in gymnasium whose observation space is a Box and whose action space is a Discre
 with finite bounds and that has a time limit (checked when the env is made). Unregistered
 ids raise ``ValueError`` listing ``GYM_IDS``.
 
+``brax:<name>@<backend>`` picks the brax physics backend (``generalized``, ``positional``,
+``spring``, ``mjx``); without it each env gets the default of ``popjax.envs.brax``.
+
 ``brax:swimmer`` is not offered: brax 0.14.2's swimmer calls ``jnp.clip(a_min=...)``, which
 jax 0.10 removed, so it fails to trace.
 """
@@ -41,7 +44,17 @@ def parse(name: str) -> tuple[str, str]:
     allowed = {"gym": GYM_IDS, "brax": BRAX_NAMES, "probe": tuple(PROBES)}
     if prefix not in allowed:
         raise ValueError(f"env {name!r}: prefix {prefix!r} unknown; allowed: {', '.join(PREFIXES)}")
-    if prefix == "gym":
+    if prefix == "brax":
+        from popjax.envs.brax import resolve_backend, split_backend
+
+        base, backend = split_backend(env_id)
+        if base not in BRAX_NAMES:
+            raise ValueError(f"env {name!r} unknown; allowed brax names: {', '.join(BRAX_NAMES)}")
+        try:
+            resolve_backend(base, backend)
+        except ValueError as err:
+            raise ValueError(f"env {name!r}: {err}") from None
+    elif prefix == "gym":
         if env_id not in GYM_IDS and not _gym_registered(env_id):
             raise ValueError(f"env {name!r} unknown; supported gym ids: {', '.join(GYM_IDS)} "
                              "(other gymnasium-registered ids with Box observations also work)")
