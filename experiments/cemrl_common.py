@@ -128,8 +128,11 @@ def main(name: str, description: str, budget: int, seeds: str, orders: str, env:
             results.append(cemrl_run(args.env, args.budget, seed, order, hidden, out / f"cemrl_{order}_s{seed}"))
             save_results(results_path, args, results)
             print(json.dumps({k: v for k, v in results[-1].items() if k != "curve"}))
-    if not args.no_td3 and not any(r["method"] == "td3" for r in results):
-        results += td3_runs(args.env, args.budget, seeds, hidden, args.td3_warmup, out / "td3")
+    missing = [seed for seed in seeds if ("td3", seed) not in done]
+    if not args.no_td3 and missing:  # the missing seeds as the members of one population
+        first_run = not any(r["method"] == "td3" for r in results)
+        td3_out = out / ("td3" if first_run else "td3_s" + "_".join(map(str, missing)))
+        results += td3_runs(args.env, args.budget, missing, hidden, args.td3_warmup, td3_out)
         save_results(results_path, args, results)
     plot(results, HERE / "plots" / f"cemrl_{name}.png",
          f"CEM-RL (pop 10) vs TD3 on {args.env}, {args.budget} env steps, hidden {tuple(hidden)}")
