@@ -232,5 +232,8 @@ def shared_critic_plots(rd, driver: str) -> list[Path]:
     title = f"{driver}: {cfg.get('learner')} on {cfg.get('env')}, pop {cfg.get('pop_size')}"
     if driver == "cemrl":
         return [cemrl_plot(rows, rd.path / "plots" / "cemrl_fitness.png", title)]
-    schedule = rd.read_summary().get("dvd_schedule") if (rd.path / "summary.json").exists() else None
+    summary = rd.read_summary() if (rd.path / "summary.json").exists() else {}
+    schedule = summary.get("dvd_schedule")
+    if "dvd_bandit" in summary:
+        title += f"\nweight: Thompson-sampling bandit over {summary['dvd_bandit']['arms']}"
     return [dvd_plot(rows, rd.path / "plots" / "dvd_diversity.png", title, schedule, int(cfg.get("pop_size", 1)))]
