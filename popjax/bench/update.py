@@ -535,7 +535,8 @@ def plot_update(payload: dict[str, Any], path: Path) -> Path:
         axes[1, col].set(xscale="log", xlabel="population size N", ylabel="speed-up vs PyTorch sequential")
         for ax in axes[:, col]:
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:  # the speed-up panel is empty when only torch ran
+                ax.legend(fontsize=7)
     return common.save_figure(fig, path, payload["machine"])
 
 
