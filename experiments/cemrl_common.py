@@ -77,7 +77,7 @@ def plot_seed_curves(ax, runs: list[dict], color: str, method: str) -> None:
     n = min(len(c) for c in curves)
     stacked = np.stack([c[:n] for c in curves])
     ax.plot(stacked[0, :, 0], stacked[:, :, 1].mean(0), color=color, lw=2.2,
-            label=f"{method} (mean of {len(curves)} seeds)")
+            label=f"{method} (mean of {len(curves)} seed{'s' if len(curves) > 1 else ''})")
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:
