@@ -173,6 +173,17 @@ def assert_trees_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def train_cut_and_resume(tmp_path, options: dict, cut_env_steps: int):
+    """``(full, resumed)``: one uninterrupted ``popjax.train`` run and the same run stopped after
+    ``cut_env_steps`` then resumed to the full budget (``tmp_path/full``, ``tmp_path/cut``)."""
+    import popjax
+
+    full = popjax.train(out_dir=tmp_path / "full", **options)
+    popjax.train(out_dir=tmp_path / "cut", **{**options, "total_env_steps": cut_env_steps})
+    resumed = popjax.experiment.resume(tmp_path / "cut", total_env_steps=options["total_env_steps"])
+    return full, resumed
+
+
 def trees_differ(a, b) -> bool:
     leaves = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
     return any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in leaves)

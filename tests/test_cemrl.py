@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
+from learner_helpers import assert_trees_equal, train_cut_and_resume
 
 import popjax
 from popjax.buffers import make_uniform_buffer
@@ -143,12 +144,9 @@ def test_tiny_cemrl_run_writes_the_run_directory(tmp_path):
 
 @pytest.mark.slow
 def test_cemrl_resume_equals_uninterrupted_run(tmp_path):
-    full = popjax.train(out_dir=tmp_path / "full", **TINY)
-    popjax.train(out_dir=tmp_path / "cut", **{**TINY, "total_env_steps": 400})
-    resumed = popjax.experiment.resume(tmp_path / "cut", total_env_steps=800)
+    full, resumed = train_cut_and_resume(tmp_path, TINY, cut_env_steps=400)
     assert resumed.summary["cem_mean_returns"] == full.summary["cem_mean_returns"]
-    for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_trees_equal(resumed.state, full.state)
 
 
 @pytest.mark.slow

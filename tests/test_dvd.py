@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from learner_helpers import assert_trees_equal, train_cut_and_resume
 
 import popjax
 from popjax.config import ConfigError
@@ -255,12 +256,9 @@ def test_tiny_dvd_run_with_the_bandit_logs_its_draws(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("dvd", [TINY["dvd"], {"weight_source": "bandit", "normalize": True}])
 def test_dvd_resume_equals_uninterrupted_run(dvd, tmp_path):
-    full = popjax.train(out_dir=tmp_path / "full", **{**TINY, "dvd": dvd})
-    popjax.train(out_dir=tmp_path / "cut", **{**TINY, "dvd": dvd, "total_env_steps": 400})
-    resumed = popjax.experiment.resume(tmp_path / "cut", total_env_steps=600)
+    full, resumed = train_cut_and_resume(tmp_path, {**TINY, "dvd": dvd}, cut_env_steps=400)
     assert resumed.summary["final_returns"] == full.summary["final_returns"]
-    for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_trees_equal(resumed.state, full.state)
 
 
 @pytest.mark.slow

@@ -86,9 +86,8 @@ def resolve_backend(name: str, backend: str | None = None) -> str:
 
 
 def _get_environment(name: str, backend: str | None):
-    if backend is None:
-        name, backend = split_backend(name)
-    backend = resolve_backend(name, backend)
+    name, suffix = split_backend(name)  # an explicit ``backend`` argument wins over the suffix
+    backend = resolve_backend(name, backend or suffix)
     envs = _brax_envs()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Brax System", category=UserWarning)
