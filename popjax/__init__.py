@@ -9,9 +9,9 @@ Public API::
 """
 
 from popjax.config import ConfigError, RunConfig, make_config
-from popjax.experiment import Run, train
+from popjax.experiment import Run, resume, train
 from popjax.learners import LEARNERS
 from popjax.types import EnvSpec, Transition
 
-__all__ = ["ConfigError", "EnvSpec", "LEARNERS", "Run", "RunConfig", "Transition", "make_config", "train"]
+__all__ = ["ConfigError", "EnvSpec", "LEARNERS", "Run", "RunConfig", "Transition", "make_config", "resume", "train"]
 __version__ = "0.1.0"

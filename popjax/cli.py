@@ -21,7 +21,7 @@ _FLAGS = {
     "steps": "total_env_steps", "envs_per_member": "envs_per_member", "rollout_len": "rollout_len",
     "update_ratio": "update_ratio", "warmup": "warmup_steps", "batch_size": "batch_size",
     "buffer_size": "buffer_size", "eval_interval": "eval_interval", "eval_episodes": "eval_episodes",
-    "devices": "devices", "checkpoint_interval": "checkpoint_interval",
+    "devices": "devices", "parallel": "parallel", "checkpoint_interval": "checkpoint_interval",
 }
 
 
@@ -95,7 +95,7 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
     for flag, field in _FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
-            options[field] = yaml.safe_load(value) if field not in ("env", "learner", "driver") else value
+            options[field] = yaml.safe_load(value) if field not in ("env", "learner", "driver", "parallel") else value
     for key, _flag, pairs in (("hparams", "--hparam", args.hparam), ("learner_config", "--learner-config",
                                                                        args.learner_config)):
         if pairs:
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
             _print_results(resume(args.run_dir, **({"progress": False} if args.no_progress else {})))
         elif args.command == "plot":
-            from popjax.plots import plot_run
+            from popjax.experiment import plot_run
 
             for path in plot_run(args.run_dir):
                 print(path)

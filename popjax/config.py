@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-DRIVERS = ("independent", "pbt", "cemrl", "dvd")
+PARALLEL_MODES = ("sharding", "pmap")
 
 
 class ConfigError(ValueError):
@@ -37,10 +37,11 @@ class RunConfig:
     learner_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     hparams: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     search_space: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    pbt: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    cemrl: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    dvd: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # {driver name: its options}; in YAML, the CLI and keyword options each is a block named
+    # after its driver (``pbt: {interval: 5000}``), so a new driver needs no field here.
+    driver_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     devices: int = 1
+    parallel: str = "sharding"  # how --devices splits the population: "sharding" or "pmap"
     checkpoint_interval: int = 0  # env steps per member between checkpoints; 0 = at evaluations only
     progress: bool = True
     tensorboard: bool = False
@@ -55,8 +56,16 @@ class RunConfig:
         """Env steps per member per iteration."""
         return self.rollout_len * self.envs_per_member
 
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """The options block of this run's driver."""
+        return self.driver_options.get(self.driver, {})
+
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """Plain values, with each driver's options as a block named after the driver."""
+        out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "driver_options"}
+        out.update({name: _plain(block) for name, block in self.driver_options.items()})
+        return out
 
 
 def _plain(value):
@@ -98,13 +107,24 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
 
 
 def make_config(**options: Any) -> RunConfig:
-    """Builds and validates a RunConfig from keyword options (as from the API, CLI or YAML)."""
+    """Builds and validates a RunConfig from keyword options (as from the API, CLI or YAML).
+
+    An option named after a registered driver (``pbt={...}``) is that driver's options block.
+    """
+    from popjax.drivers import DRIVERS
+
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    blocks = {name: options.pop(name) for name in list(options) if name in DRIVERS and name not in fields}
     unknown = sorted(set(options) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; allowed: {', '.join(fields)}")
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; allowed: {', '.join([*fields, *DRIVERS])}")
     kinds = {name: _field_kind(f) for name, f in fields.items()}
     values = {name: _coerce(name, v, kinds[name]) for name, v in options.items() if v is not None}
+    driver_options = {**values.get("driver_options", {})}
+    for name, block in blocks.items():
+        if block is not None:
+            driver_options[name] = _coerce(name, block, dict)
+    values["driver_options"] = driver_options
     config = RunConfig(**values)
     validate(config)
     return config
@@ -120,6 +140,7 @@ def _field_kind(field: dataclasses.Field) -> type:
 
 def validate(config: RunConfig) -> None:
     """Static checks that need no environment or compilation."""
+    from popjax.drivers import DRIVERS
     from popjax.envs.registry import parse
     from popjax.learners import LEARNERS
 
@@ -127,6 +148,11 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"learner: {config.learner!r} unknown; allowed: {', '.join(LEARNERS)}")
     if config.driver not in DRIVERS:
         raise ConfigError(f"driver: {config.driver!r} unknown; allowed: {', '.join(DRIVERS)}")
+    if config.parallel not in PARALLEL_MODES:
+        raise ConfigError(f"parallel: {config.parallel!r} unknown; allowed: {', '.join(PARALLEL_MODES)}")
+    if config.parallel == "pmap" and not DRIVERS[config.driver].pmap:
+        raise ConfigError(f"parallel: the {config.driver} driver does not run as one program per device (pmap); "
+                          "use parallel=sharding")
     try:
         parse(config.env)
     except ValueError as err:

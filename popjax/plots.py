@@ -1,4 +1,7 @@
-"""Plots of a run directory (matplotlib, headless)."""
+"""Drawing helpers for run directories (matplotlib, headless).
+
+Which plots a run gets is decided by its driver (``DriverDef.plots``); this module only draws.
+"""
 
 from __future__ import annotations
 
@@ -39,23 +42,6 @@ def learning_curves(rows: list[dict[str, float]], path: Path, title: str = "") -
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     return save_figure(fig, path)
-
-
-def plot_run(run_dir) -> list[Path]:
-    """Regenerates every plot of a run directory; returns the written paths."""
-    from popjax.rundir import RunDir
-
-    rd = RunDir(run_dir)
-    rows = rd.read_metrics()
-    if not rows:
-        raise ValueError(f"{rd.metrics_path} has no evaluations to plot yet")
-    cfg = rd.read_config()
-    title = f"{cfg.get('learner')} on {cfg.get('env')} ({cfg.get('driver')}, pop {cfg.get('pop_size')})"
-    written = [learning_curves(rows, rd.path / "plots" / "learning_curves.png", title)]
-    from popjax.drivers import extra_plots
-
-    written += extra_plots(cfg.get("driver"), rd)
-    return written
 
 
 def pbt_hparams_plot(rows: list[dict[str, float]], names: list[str], path: Path, title: str = "") -> Path:
@@ -129,29 +115,6 @@ def pbt_lineage_plot(lineage: list[dict], pop_size: int, total_env_steps: float,
     return save_figure(fig, path)
 
 
-def pbt_plots(rd) -> list[Path]:
-    """``plots/pbt_hparams.png`` from metrics.csv and ``plots/pbt_lineage.png`` from summary.json."""
-    import dataclasses
-
-    from popjax.learners import LEARNERS
-
-    cfg = rd.read_config()
-    rows = rd.read_metrics()
-    definition = LEARNERS.get(cfg.get("learner"))
-    names = [f.name for f in dataclasses.fields(definition.hparams_cls)] if definition else []
-    written = []
-    if rows and names:
-        written.append(pbt_hparams_plot(rows, names, rd.path / "plots" / "pbt_hparams.png",
-                                        f"PBT hyperparameters: {cfg.get('learner')} on {cfg.get('env')}"))
-    if (rd.path / "summary.json").exists():
-        summary = rd.read_summary()
-        written.append(pbt_lineage_plot(summary.get("lineage", []), int(cfg["pop_size"]),
-                                        float(summary.get("env_steps", cfg["total_env_steps"])),
-                                        rd.path / "plots" / "pbt_lineage.png",
-                                        final_returns=summary.get("final_returns")))
-    return written
-
-
 def _per_step(rows: list[dict[str, float]], column: str) -> tuple[list[float], list[float]]:
     """One value of a population-wide column per logged env step (finite values only)."""
     seen: dict[float, float] = {}
@@ -221,19 +184,3 @@ def dvd_plot(rows: list[dict[str, float]], path: Path, title: str = "", schedule
     axes[0].set_title(title)
     axes[-1].set_xlabel("env steps per member")
     return save_figure(fig, path)
-
-
-def shared_critic_plots(rd, driver: str) -> list[Path]:
-    """``plots/cemrl_fitness.png`` or ``plots/dvd_diversity.png`` from metrics.csv."""
-    rows = rd.read_metrics()
-    if not rows:
-        return []
-    cfg = rd.read_config()
-    title = f"{driver}: {cfg.get('learner')} on {cfg.get('env')}, pop {cfg.get('pop_size')}"
-    if driver == "cemrl":
-        return [cemrl_plot(rows, rd.path / "plots" / "cemrl_fitness.png", title)]
-    summary = rd.read_summary() if (rd.path / "summary.json").exists() else {}
-    schedule = summary.get("dvd_schedule")
-    if "dvd_bandit" in summary:
-        title += f"\nweight: Thompson-sampling bandit over {summary['dvd_bandit']['arms']}"
-    return [dvd_plot(rows, rd.path / "plots" / "dvd_diversity.png", title, schedule, int(cfg.get("pop_size", 1)))]

@@ -1,18 +1,16 @@
-"""Drivers: how a population is trained (independent, pbt, ...) on top of the population functions."""
+"""Driver registry: name -> DriverDef (how a population is trained; see ``popjax.drivers.base``).
 
-from __future__ import annotations
+A new driver is one module with a ``DEFINITION`` and one line here.
+"""
 
-from pathlib import Path
+from popjax.drivers import cemrl, dvd, independent, pbt
+from popjax.drivers.base import DriverDef
 
+DRIVERS: dict[str, DriverDef] = {d.name: d for d in (
+    independent.DEFINITION,
+    pbt.DEFINITION,
+    cemrl.DEFINITION,
+    dvd.DEFINITION,
+)}
 
-def extra_plots(driver: str | None, run_dir) -> list[Path]:
-    """Driver-specific plots of a run directory (e.g. PBT hyperparameter schedules)."""
-    if driver == "pbt":
-        from popjax.plots import pbt_plots
-
-        return pbt_plots(run_dir)
-    if driver in ("cemrl", "dvd"):
-        from popjax.plots import shared_critic_plots
-
-        return shared_critic_plots(run_dir, driver)
-    return []
+__all__ = ["DRIVERS", "DriverDef"]

@@ -21,16 +21,18 @@ The diversity weight comes from one of two sources:
   played since the previous one is rewarded 1 if the best member's eval return improved on the
   previous evaluation's, else 0; then an arm is drawn for the next period (``bandit_random``
   first draws are uniform, to seed the posteriors). Until the first evaluation the weight is 0.
-  The counts live in the driver (saved in checkpoints and ``summary.json``), the chosen weight
-  in ``DvDState.bandit_weight``. Reward definition and arms follow Parker-Holder et al. 2020 as
+  The counts and the chosen weight live in the state (``DvDState.bandit``), so the draw is part
+  of the compiled ``after_eval``; ``summary.json`` reports them. Reward definition and arms
+  follow Parker-Holder et al. 2020 as
   summarised in reference §6; that paper is not in ``shared/papers``, so details such as the
   number of uniform first draws are this library's choice.
 
-The whole driver is a population of the standard kind (``init/act/policy/add/train`` over a
-``DvDState`` pytree), so the base ``Trainer`` runs it unchanged, with its keys, evaluation,
-metrics, checkpoints and exact resume. metrics.csv gains ``diversity_loss`` (``-log det``),
-``diversity_weight`` and ``embedding_distance`` (mean RMS action difference between actor
-pairs on the step's states).
+Iterations are the independent driver's (rollout, add, K steps after warm-up), with one
+shared buffer and the shared-critic step; on ``--parallel pmap`` each device's members add
+the transitions of every member (gathered) so the replicated buffer stays identical, and the
+shared critic's reductions span all devices. metrics.csv gains ``diversity_loss``
+(``-log det``), ``diversity_weight`` and ``embedding_distance`` (mean RMS action difference
+between actor pairs on the step's states); rows logged before the first update hold NaN.
 
 Options (``RunConfig.dvd``): ``rbf_scale`` (0.5), ``jitter`` (1e-6), ``normalize`` (True: the
 squared distance is divided by the embedding size; ``normalize: false, rbf_scale: 1.0`` is the
@@ -50,13 +52,24 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from popjax.buffers import Buffer, BufferState, make_uniform_buffer
+from popjax import plots
+from popjax.buffers import BufferState, make_uniform_buffer
 from popjax.config import ConfigError
-from popjax.drivers.collect import HostCollector, JaxCollector
-from popjax.drivers.population import Population
-from popjax.experiment import Trainer
-from popjax.learners.shared_critic import DiversityConfig, SharedCriticState, SharedCriticTD3, make_shared_critic_td3
-from popjax.types import Key, Metrics, Transition, dummy_transition
+from popjax.drivers.base import (
+    BuildContext,
+    Counters,
+    Driver,
+    DriverDef,
+    DriverHost,
+    Episodes,
+    Rollout,
+    nan_like,
+    parse_options,
+)
+from popjax.drivers.independent import random_actions
+from popjax.envs.runner import Experience
+from popjax.learners.shared_critic import DiversityConfig, SharedCriticState, make_shared_critic_td3
+from popjax.types import Key, dummy_transition
 
 RELEASE_TOTAL_STEPS = 3_000_000
 METRICS = ("critic_loss", "member_critic_loss", "actor_loss", "q_mean", "diversity_loss", "diversity_weight",
@@ -81,13 +94,13 @@ def diversity_weight(env_steps: jax.Array, settings: DvDSettings) -> jax.Array:
     return jnp.asarray(settings.weights, jnp.float32)[index]
 
 
-def settings_from_config(config) -> DvDSettings:
-    from popjax.drivers.cemrl import parse_options
-
+def options(raw, ctx: BuildContext) -> DvDSettings:
+    """Validates ``RunConfig.dvd`` (one-line ConfigError naming the field)."""
+    config = ctx.config
     defaults = {"rbf_scale": 0.5, "jitter": 1e-6, "normalize": True, "embedding_states": 0,
                 "thresholds": (5e4, 3e5, 7e5), "weights": (0.0, 0.3, 0.5, 0.2), "schedule_scale": 1.0,
                 "weight_source": "schedule", "bandit_arms": (0.0, 0.5), "bandit_random": 2}
-    given = dict(config.dvd)
+    given = dict(raw)
     auto = given.get("schedule_scale") == "auto"
     if auto:
         given.pop("schedule_scale")
@@ -122,158 +135,147 @@ def settings_from_config(config) -> DvDSettings:
 
 
 @struct.dataclass
+class BanditState:
+    """DvD's Thompson-sampling weight bandit (Bernoulli arms, Beta(1, 1) priors)."""
+
+    successes: jax.Array  # [arms] int32
+    failures: jax.Array  # [arms] int32
+    arm: jax.Array  # int32: the arm played since the last evaluation (-1 before the first)
+    draws: jax.Array  # int32: arms drawn so far
+    last_best: jax.Array  # float32: the best member's return at the previous evaluation (NaN: none yet)
+    weight: jax.Array  # float32: the weight of ``arm`` (0 before the first evaluation)
+
+
+def bandit_init(n_arms: int) -> BanditState:
+    zeros = jnp.zeros(n_arms, jnp.int32)
+    return BanditState(successes=zeros, failures=zeros, arm=jnp.asarray(-1, jnp.int32),
+                       draws=jnp.zeros((), jnp.int32), last_best=jnp.asarray(jnp.nan, jnp.float32),
+                       weight=jnp.zeros((), jnp.float32))
+
+
+def bandit_step(key: Key, bandit: BanditState, best_return: jax.Array, arms: tuple[float, ...],
+                random_draws: int) -> BanditState:
+    """Rewards the arm just played (1 iff ``best_return`` beat the previous evaluation's), draws the next.
+
+    The first ``random_draws`` draws are uniform over the arms; later ones take the arm whose
+    ``Beta(1 + successes, 1 + failures)`` sample is largest.
+    """
+    best_return = jnp.asarray(best_return, jnp.float32)
+    played = (jnp.arange(len(arms)) == bandit.arm) & (bandit.arm >= 0)
+    improved = best_return > bandit.last_best  # False while there is no previous evaluation (NaN)
+    successes = bandit.successes + (played & improved)
+    failures = bandit.failures + (played & ~improved)
+    key_uniform, key_posterior = jax.random.split(key)
+    uniform = jax.random.randint(key_uniform, (), 0, len(arms))
+    posterior = jnp.argmax(jax.random.beta(key_posterior, 1.0 + successes.astype(jnp.float32),
+                                           1.0 + failures.astype(jnp.float32)))
+    arm = jnp.where(bandit.draws < random_draws, uniform, posterior).astype(jnp.int32)
+    return BanditState(successes=successes, failures=failures, arm=arm, draws=bandit.draws + 1,
+                       last_best=best_return, weight=jnp.asarray(arms, jnp.float32)[arm])
+
+
+@struct.dataclass
 class DvDState:
     learner: SharedCriticState  # actors [pop], shared critic
     buffer: BufferState  # one buffer fed by all members
     hparams: Any  # TD3HParams [pop]
-    env_steps: jax.Array  # int32, transitions added so far, summed over members (indexes the schedule)
-    bandit_weight: jax.Array  # float32, the bandit's current weight (weight_source "bandit")
+    bandit: BanditState  # weight_source "bandit" (unused with the schedule)
+    counters: Counters
 
 
-def make_dvd_population(shared: SharedCriticTD3, buffer: Buffer, spec, pop_size: int, updates_per_iter: int,
-                        settings: DvDSettings) -> Population:
-    """DvD as standard population functions over a ``DvDState`` (see module doc)."""
+class DvDHost(DriverHost):
+    """Reports the bandit (counts, arm, last best) or the schedule in summary.json."""
+
+    def __init__(self, settings: DvDSettings):
+        super().__init__(lambda state: state.hparams)
+        self.settings = settings
+
+    def summary(self, state) -> dict[str, Any]:
+        s = self.settings
+        if s.weight_source != "bandit":
+            return {**super().summary(state), "dvd_schedule": {
+                "thresholds": [t * s.schedule_scale for t in s.thresholds], "weights": list(s.weights),
+                "indexed_by": "env steps summed over members"}}
+        b = jax.device_get(state.bandit)
+        last_best = float(b.last_best)
+        return {**super().summary(state), "dvd_bandit": {
+            "arms": list(s.bandit_arms), "successes": np.asarray(b.successes).tolist(),
+            "failures": np.asarray(b.failures).tolist(), "arm": int(b.arm), "draws": int(b.draws),
+            "last_best": None if np.isnan(last_best) else last_best}}
+
+
+def build(ctx: BuildContext, settings: DvDSettings) -> Driver:
+    """Shared-critic TD3 actors with the diversity term, trained like the independent population."""
+    cfg, spec, members = ctx.config, ctx.spec, ctx.members
+    if cfg.learner != "td3":
+        raise ConfigError(f"learner: the dvd driver trains TD3 actors with a shared critic; got {cfg.learner!r}")
+    shared = make_shared_critic_td3(ctx.learner_config, spec, members.local, settings.diversity,
+                                    device_axis=members.axis_name)
+    buffer = make_uniform_buffer(cfg.buffer_size, cfg.batch_size)
     v_sample = jax.vmap(buffer.sample, in_axes=(0, None))
+    rollout, k = Rollout(cfg.rollout_len, cfg.envs_per_member), cfg.updates_per_iter
+    bandit = settings.weight_source == "bandit"
 
-    def init(key: Key, hparams) -> DvDState:
+    def warming_up(state) -> jax.Array:
+        return state.counters.env_steps < cfg.warmup_steps
+
+    def init(key: Key) -> DvDState:
+        hparams = members.take(ctx.hparams)
         return DvDState(learner=shared.init(key, hparams), buffer=buffer.init(dummy_transition(spec)),
-                        hparams=hparams, env_steps=jnp.zeros((), jnp.int32),
-                        bandit_weight=jnp.zeros((), jnp.float32))
+                        hparams=hparams, bandit=bandit_init(len(settings.bandit_arms)), counters=Counters.zeros())
 
     def act(key: Key, state: DvDState, obs: jax.Array) -> jax.Array:
-        return shared.act(key, state.learner, obs, state.hparams)
+        keys = members.keys(key)
+        return jax.lax.cond(warming_up(state),
+                            lambda: jax.vmap(lambda k_, o: random_actions(spec, k_, o))(keys, obs),
+                            lambda: shared.act(keys, state.learner, obs, state.hparams))
 
-    def random_act(key: Key, obs: jax.Array) -> jax.Array:
-        return jax.random.uniform(key, obs.shape[:2] + (spec.action_dim,), minval=-1.0, maxval=1.0)
-
-    def policy(state: DvDState, obs: jax.Array) -> jax.Array:
-        return shared.policy(state.learner, obs)
-
-    def add(state: DvDState, transitions: Transition) -> DvDState:
-        """``[pop, n, ...]`` transitions, all into the shared buffer."""
-        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions)
-        n = jax.tree.leaves(flat)[0].shape[0]
-        return state.replace(buffer=buffer.add(state.buffer, flat), env_steps=state.env_steps + n)
-
-    def train(key: Key, state: DvDState) -> tuple[DvDState, Metrics]:
-        if settings.weight_source == "bandit":
-            weight = state.bandit_weight
-        else:
-            weight = diversity_weight(state.env_steps, settings)
-
+    def train(key: Key, state: DvDState, weight: jax.Array):
         def one_step(learner, step_key):
             key_sample, key_update = jax.random.split(step_key)
-            batch = v_sample(jax.random.split(key_sample, pop_size), state.buffer)
-            return shared.update(jax.random.split(key_update, pop_size), learner, batch, state.hparams, weight)
+            batch = v_sample(members.keys(key_sample), state.buffer)
+            return shared.update(members.keys(key_update), learner, batch, state.hparams, weight)
 
-        learner, metrics = jax.lax.scan(one_step, state.learner, jax.random.split(key, updates_per_iter))
-        return state.replace(learner=learner), jax.tree.map(lambda m: m.mean(axis=0), metrics)
+        learner, metrics = jax.lax.scan(one_step, state.learner, jax.random.split(key, k))
+        return learner, jax.tree.map(lambda m: m.mean(axis=0), metrics)
 
-    return Population(init, act, random_act, policy, add, train, pop_size)
+    def learn(key: Key, state: DvDState, experience: Experience):
+        """Every member's transitions into the shared buffer, then K steps (after warm-up)."""
+        warm = warming_up(state)
+        transitions = members.gather(experience.transitions)
+        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions)
+        counters = state.counters.advance(rollout.steps_per_member, jnp.where(warm, 0, k))
+        state = state.replace(buffer=buffer.add(state.buffer, flat), counters=counters)
+        # The schedule is indexed by the transitions added so far, this iteration's included.
+        weight = state.bandit.weight if bandit else diversity_weight(
+            counters.env_steps.astype(jnp.float32) * cfg.pop_size, settings)
+        skipped = lambda: (state.learner, nan_like(jax.eval_shape(train, key, state, weight)[1]))
+        learner, metrics = jax.lax.cond(warm, skipped, lambda: train(key, state, weight))
+        return state.replace(learner=learner), metrics
 
+    def after_eval(key: Key, state: DvDState, returns: jax.Array):
+        best = jnp.max(jnp.where(jnp.isfinite(returns), returns, -jnp.inf))  # all diverged: no improvement
+        new = bandit_step(key, state.bandit, best, settings.bandit_arms, settings.bandit_random)
+        return state.replace(bandit=new), None
 
-def adapt_setup(setup):
-    """Replaces the independent population of ``experiment.build`` by the DvD population."""
-    config = setup.config
-    if config.learner != "td3":
-        raise ConfigError(f"learner: the dvd driver trains TD3 actors with a shared critic; got {config.learner!r}")
-    if config.devices != 1:
-        raise ConfigError("devices: the dvd driver runs on one device (its shared critic is not sharded yet)")
-    settings = settings_from_config(config)
-    shared = make_shared_critic_td3(setup.learner_config, setup.spec, config.pop_size, settings.diversity)
-    buffer = make_uniform_buffer(config.buffer_size, config.batch_size)
-    population = make_dvd_population(shared, buffer, setup.spec, config.pop_size, config.updates_per_iter, settings)
-    old = setup.collector
-    if isinstance(old, JaxCollector):
-        collector = JaxCollector(population, old.vec_env, old.envs_per_member, old.rollout_len)
-    elif isinstance(old, HostCollector):
-        collector = HostCollector(population, old.env, old.eval_env_factory, old.envs_per_member, old.rollout_len)
-    else:
-        raise TypeError(f"unexpected collector {type(old).__name__}")
-    return dataclasses.replace(setup, learner=shared, population=population, collector=collector)
-
-
-@dataclasses.dataclass
-class WeightBandit:
-    """Bernoulli Thompson sampling over diversity weights (DvD's adaptation); host side, saved with the run."""
-
-    arms: tuple[float, ...]
-    random_draws: int
-    successes: list[int] = dataclasses.field(default_factory=list)
-    failures: list[int] = dataclasses.field(default_factory=list)
-    arm: int = -1  # the arm played since the last evaluation; -1 before the first
-    draws: int = 0
-    last_best: float | None = None  # best member's return at the previous evaluation
-
-    def __post_init__(self):
-        self.successes = self.successes or [0] * len(self.arms)
-        self.failures = self.failures or [0] * len(self.arms)
-
-    def observe_and_choose(self, key: Key, best_return: float) -> float:
-        """Rewards the arm just played (1 iff ``best_return`` beat the previous evaluation), draws the next."""
-        if self.arm >= 0:
-            improved = self.last_best is not None and best_return > self.last_best
-            (self.successes if improved else self.failures)[self.arm] += 1
-        self.last_best = best_return
-        key_uniform, key_posterior = jax.random.split(key)
-        if self.draws < self.random_draws:
-            self.arm = int(jax.random.randint(key_uniform, (), 0, len(self.arms)))
-        else:
-            alpha = 1.0 + jnp.asarray(self.successes, jnp.float32)
-            beta = 1.0 + jnp.asarray(self.failures, jnp.float32)
-            self.arm = int(jnp.argmax(jax.random.beta(key_posterior, alpha, beta)))
-        self.draws += 1
-        return self.arms[self.arm]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"arms": list(self.arms), "successes": list(self.successes), "failures": list(self.failures),
-                "arm": self.arm, "draws": self.draws, "last_best": self.last_best}
+    member_axes = DvDState(learner=shared.member_axes, buffer=False, hparams=True, bandit=False, counters=False)
+    return Driver(init=init, interaction=rollout, act=act, learn=learn, evaluation=Episodes(cfg.eval_episodes),
+                  policy=lambda state, obs: shared.policy(state.learner, obs), member_axes=member_axes,
+                  host=DvDHost(settings), after_eval=after_eval if bandit else None)
 
 
-class DvDDriver:
-    """Hook object for the base Trainer: the schedule lives in the state pytree, the bandit here."""
-
-    name = "dvd"
-
-    def __init__(self, settings: DvDSettings | None = None):
-        self.settings = settings
-        self.bandit = None
-        if settings is not None and settings.weight_source == "bandit":
-            self.bandit = WeightBandit(settings.bandit_arms, settings.bandit_random)
-
-    def after_eval(self, key, state, returns, env_steps):
-        del env_steps
-        if self.bandit is None:
-            return state
-        finite = np.asarray(returns)[np.isfinite(returns)]
-        best = float(finite.max()) if finite.size else -float("inf")  # all diverged: no improvement
-        weight = self.bandit.observe_and_choose(key, best)
-        return state.replace(bandit_weight=jnp.asarray(weight, jnp.float32))
-
-    def state_dict(self) -> dict[str, Any]:
-        if self.settings is None:
-            return {}
-        if self.bandit is not None:
-            return {"dvd_bandit": self.bandit.state_dict()}
-        s = self.settings
-        return {"dvd_schedule": {"thresholds": [t * s.schedule_scale for t in s.thresholds],
-                                 "weights": list(s.weights), "indexed_by": "env steps summed over members"}}
-
-    def load_state_dict(self, data: dict[str, Any]) -> None:
-        saved = data.get("dvd_bandit")
-        if self.bandit is not None and saved is not None:
-            if tuple(saved["arms"]) != self.bandit.arms:
-                raise ConfigError(f"dvd.bandit_arms: the run was started with {saved['arms']}, "
-                                  f"not {list(self.bandit.arms)}")
-            self.bandit = WeightBandit(self.bandit.arms, self.bandit.random_draws, list(saved["successes"]),
-                                       list(saved["failures"]), saved["arm"], saved["draws"], saved["last_best"])
+def dvd_run_plots(run_dir) -> list:
+    """``plots/dvd_diversity.png``: the weight (schedule and logged), -log det K, embedding distance."""
+    rows = run_dir.read_metrics()
+    if not rows:
+        return []
+    cfg = run_dir.read_config()
+    summary = run_dir.read_summary() if (run_dir.path / "summary.json").exists() else {}
+    title = f"dvd: {cfg.get('learner')} on {cfg.get('env')}, pop {cfg.get('pop_size')}"
+    if "dvd_bandit" in summary:
+        title += f"\nweight: Thompson-sampling bandit over {summary['dvd_bandit']['arms']}"
+    return [plots.dvd_plot(rows, run_dir.path / "plots" / "dvd_diversity.png", title, summary.get("dvd_schedule"),
+                           int(cfg.get("pop_size", 1)))]
 
 
-class DvDTrainer(Trainer):
-    """The base loop; evaluations before the first update log the DvD metrics as NaN, so every row
-    of metrics.csv has them (and the plots find the columns from the first row on)."""
-
-    def _log_eval(self, state, returns, metrics):
-        filled = {name: np.full(self.config.pop_size, np.nan) for name in METRICS}
-        filled.update(metrics)
-        super()._log_eval(state, returns, filled)
+DEFINITION = DriverDef(name="dvd", build=build, options=options, plots=dvd_run_plots)

@@ -1,28 +1,100 @@
-"""The independent driver: members never interact (seeds and hyperparameter sweeps)."""
+"""The independent driver: members never interact (seeds and hyperparameter sweeps).
+
+Every member has its own learner state, replay buffer, hyperparameters and envs. One
+iteration: ``rollout_len`` steps of each member's ``envs_per_member`` envs (uniform random
+actions during warm-up), the transitions into the member's own buffer, then
+``K = updates_per_iter`` gradient steps for every member in the canonical ``[K, pop, B]``
+layout (``scan`` over K outside, ``vmap`` over members inside). Warm-up is decided inside the
+compiled iteration from the state's counters (a ``cond`` outside the member ``vmap``), so a
+run compiles one iteration, warm-up or not.
+
+``make_population`` builds these functions for any state with the fields of ``PopState``;
+PBT reuses them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from flax import struct
 
-from popjax.drivers.population import PopState
-from popjax.types import Key
+from popjax.buffers import BufferState, make_uniform_buffer
+from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, Episodes, Rollout, nan_like
+from popjax.envs.runner import Experience
+from popjax.types import EnvSpec, Key, dummy_transition
 
 
-class IndependentDriver:
-    """Hook object called by the training loop; independent members need no intervention."""
+@struct.dataclass
+class PopState:
+    """Per-member learner states, replay buffers and hparams (member axis 0), and the counters."""
 
-    name = "independent"
+    learner: Any
+    buffer: BufferState
+    hparams: Any
+    counters: Counters
 
-    def after_eval(self, key: Key, state: PopState, returns: jax.Array, env_steps: int) -> PopState:
-        """Called after every evaluation with the members' mean returns ``[pop]``."""
-        del key, returns, env_steps
-        return state
 
-    def state_dict(self) -> dict[str, Any]:
-        """Host-side driver state to checkpoint and to put in summary.json."""
-        return {}
+MEMBER_AXES = PopState(learner=True, buffer=True, hparams=True, counters=False)
 
-    def load_state_dict(self, data: dict[str, Any]) -> None:
-        del data
+
+def random_actions(spec: EnvSpec, key: Key, obs: jax.Array) -> jax.Array:
+    """Uniform random actions (warm-up) for one member's obs ``[envs, ...]``."""
+    if spec.discrete:
+        return jax.random.randint(key, obs.shape[:1], 0, spec.num_actions, jnp.int32)
+    return jax.random.uniform(key, obs.shape[:1] + (spec.action_dim,), minval=-1.0, maxval=1.0)
+
+
+def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AXES) -> Driver:
+    """The independent population's functions, for ``state_cls`` (``PopState`` or one extending its fields)."""
+    learner, spec, members, cfg = ctx.learner, ctx.spec, ctx.members, ctx.config
+    buffer = make_uniform_buffer(cfg.buffer_size, cfg.batch_size)
+    rollout = Rollout(cfg.rollout_len, cfg.envs_per_member)
+    k = cfg.updates_per_iter
+    v_update, v_sample = jax.vmap(learner.update), jax.vmap(buffer.sample)
+
+    def warming_up(state) -> jax.Array:
+        return state.counters.env_steps < cfg.warmup_steps
+
+    def init(key: Key, **extra) -> Any:
+        hparams = members.take(ctx.hparams)
+        learner_state = jax.vmap(learner.init)(members.keys(key), hparams)
+        buffers = jax.vmap(lambda _: buffer.init(dummy_transition(spec)))(jnp.arange(members.local))
+        return state_cls(learner=learner_state, buffer=buffers, hparams=hparams, counters=Counters.zeros(), **extra)
+
+    def act(key: Key, state, obs: jax.Array) -> jax.Array:
+        """Exploration actions for obs ``[pop, envs, ...]`` (uniform random during warm-up)."""
+        keys = members.keys(key)
+        return jax.lax.cond(warming_up(state),
+                            lambda: jax.vmap(lambda k_, o: random_actions(spec, k_, o))(keys, obs),
+                            lambda: jax.vmap(learner.act)(keys, state.learner, obs, state.hparams))
+
+    def train(key: Key, state):
+        """K gradient steps for every member; metrics are means over the K steps, ``[pop]``."""
+
+        def one_step(learner_state, step_key):
+            key_sample, key_update = jax.random.split(step_key)
+            batch = v_sample(members.keys(key_sample), state.buffer)
+            return v_update(members.keys(key_update), learner_state, batch, state.hparams)
+
+        learner_state, metrics = jax.lax.scan(one_step, state.learner, jax.random.split(key, k))
+        return learner_state, jax.tree.map(lambda m: m.mean(axis=0), metrics)
+
+    def learn(key: Key, state, experience: Experience):
+        """Adds the rollout to each member's buffer, then trains (after warm-up)."""
+        warm = warming_up(state)
+        state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, experience.transitions))
+        skipped = lambda: (state.learner, nan_like(jax.eval_shape(train, key, state)[1]))
+        learner_state, metrics = jax.lax.cond(warm, skipped, lambda: train(key, state))
+        counters = state.counters.advance(rollout.steps_per_member, jnp.where(warm, 0, k))
+        return state.replace(learner=learner_state, counters=counters), metrics
+
+    def policy(state, obs: jax.Array) -> jax.Array:
+        return jax.vmap(learner.policy)(state.learner, obs)
+
+    return Driver(init=init, interaction=rollout, act=act, learn=learn, evaluation=Episodes(cfg.eval_episodes),
+                  policy=policy, member_axes=member_axes, host=DriverHost(lambda state: state.hparams))
+
+
+DEFINITION = DriverDef(name="independent", build=lambda ctx, options: make_population(ctx))

@@ -3,9 +3,10 @@
 ``exploit_and_explore`` is pure jnp: rank the members by fitness, replace the bottom
 ``quantile`` (a static count ``int(quantile * N) >= 1``) by full copies of parents drawn
 uniformly from the top ``quantile``, then explore the copied hyperparameters (resample from
-the prior, the fast-PBT paper's choice, or perturb). ``PBTDriver`` is the host hook the
-training loop calls after every evaluation: it keeps the fitness window, decides when the
-population is ready, calls the compiled exploit/explore and records the lineage.
+the prior, the fast-PBT paper's choice, or perturb). The driver trains like ``independent``;
+its state adds a ``PBTRecord`` (fitness window, counts, last round), so the whole decision
+after an evaluation (record the returns, check readiness, exploit and explore) is one
+compiled ``after_eval``; only the lineage is written on the host.
 
 Choices (reference/population-core.md §4.3):
   * The loser copies the parent's **whole learner state**: networks, targets, optimizer
@@ -32,16 +33,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
+from popjax import plots
 from popjax.config import ConfigError
-from popjax.drivers.population import PopState
+from popjax.drivers.base import BuildContext, Counters, DriverDef, DriverHost
+from popjax.drivers.independent import make_population
 from popjax.population import tree
 from popjax.population.hparams import Range, hparam_names, hparams_table
 from popjax.population.search_spaces import get_search_space
@@ -243,72 +246,84 @@ def initial_hparams(key: Key, hparams, space: Mapping[str, Range], keep: set[str
     return hparams.replace(**new)
 
 
-# --- the host-side driver ----------------------------------------------------------------------
 
-class PBTDriver:
-    """Hook object for the training loop: evaluations in, exploit/explore when ready."""
 
-    name = "pbt"
+# --- the driver ----------------------------------------------------------------------------------
+@struct.dataclass
+class PBTRecord:
+    """PBT's variables in the state (replicated; tiny)."""
 
-    def __init__(self, config: PBTConfig, pop_size: int, total_env_steps: int, sharding=None):
-        self.config = config
-        self.pop_size = pop_size
-        self.total_env_steps = total_env_steps
-        self.sharding = sharding
-        self.trace_count = 0
-        self.compile_s = 0.0  # the training loop books this as compile time, not run time
-        self.window = np.full((config.fitness_window, pop_size), np.nan)
-        self.count = np.zeros(pop_size, np.int64)  # evaluations in the window since the member's last exploit
-        self.last_ready = 0
-        self.rounds = 0
+    window: jax.Array  # [fitness_window, pop] float32: the last evaluations, newest last (NaN = none yet)
+    count: jax.Array  # [pop] int32: evaluations in the window since the member's last exploit
+    last_ready: jax.Array  # int32: env steps per member at the last round
+    rounds: jax.Array  # int32: rounds done
+
+
+@struct.dataclass
+class PBTState:
+    """``PopState``'s fields (the independent driver trains it) plus the ``PBTRecord``."""
+
+    learner: Any
+    buffer: Any
+    hparams: Any
+    counters: Counters
+    pbt: PBTRecord
+
+
+MEMBER_AXES = PBTState(learner=True, buffer=True, hparams=True, counters=False, pbt=False)
+
+
+def window_fitness(window: jax.Array, count: jax.Array) -> jax.Array:
+    """``[pop]``: mean of each member's last ``clip(count, 1, W)`` evaluations (NaN if one is NaN)."""
+    w = window.shape[0]
+    c = jnp.clip(count, 1, w)
+    recent = jnp.arange(w)[:, None] >= w - c[None, :]
+    return jnp.where(recent, window, 0.0).sum(axis=0) / c
+
+
+def pbt_after_eval(key: Key, state: PBTState, returns: jax.Array, config: PBTConfig, total_env_steps: int):
+    """Records the evaluation; when the population is ready, one exploit/explore round.
+
+    Ready = ``interval`` env steps per member since the last round and not the final
+    evaluation. Returns ``(state, info)``; ``info`` holds ``ready``, ``loser`` and ``parent``
+    ``[pop]``, the ``fitness`` used and the hparams before the round (for the lineage).
+    """
+    record = state.pbt
+    window = jnp.concatenate([record.window[1:], jnp.asarray(returns, jnp.float32)[None]])
+    fitness = window_fitness(window, record.count + 1)
+    steps = state.counters.env_steps
+    ready = (steps - record.last_ready >= config.interval) & (steps < total_env_steps)
+    pop = fitness.shape[0]
+    copied = (state.learner, state.buffer) if config.copy_buffer else state.learner
+
+    def exploit():
+        new, hparams, info = exploit_and_explore(key, copied, state.hparams, fitness, config)
+        return new, hparams, info["loser"], info["parent"]
+
+    def keep():
+        return copied, state.hparams, jnp.zeros(pop, bool), jnp.arange(pop, dtype=jnp.int32)
+
+    copied, hparams, loser, parent = jax.lax.cond(ready, exploit, keep)
+    learner, buffer = copied if config.copy_buffer else (copied, state.buffer)
+    record = PBTRecord(window=window, count=jnp.where(loser, 0, record.count + 1),
+                       last_ready=jnp.where(ready, steps, record.last_ready), rounds=record.rounds + ready)
+    info = {"ready": ready, "loser": loser, "parent": parent, "fitness": fitness, "old_hparams": state.hparams}
+    return state.replace(learner=learner, buffer=buffer, hparams=hparams, pbt=record), info
+
+
+class PBTHost(DriverHost):
+    """Writes the lineage: one entry per replaced member and round."""
+
+    def __init__(self):
+        super().__init__(lambda state: state.hparams)
         self.lineage: list[dict[str, Any]] = []
 
-        def traced(key, states, hparams, fitness):
-            self.trace_count += 1  # runs only while tracing
-            return exploit_and_explore(key, states, hparams, fitness, config)
-
-        self._jit = jax.jit(traced, donate_argnums=(1, 2))
-        self._compiled = None
-
-    def _exploit(self, *args):
-        if self._compiled is None:  # compiled once, ahead of time (timed separately)
-            start = time.perf_counter()
-            self._compiled = self._jit.lower(*args).compile()
-            self.compile_s += time.perf_counter() - start
-        return self._compiled(*args)
-
-    def fitness(self) -> np.ndarray:
-        """Mean of each member's last ``fitness_window`` evaluations (since its last exploit)."""
-        out = np.empty(self.pop_size)
-        for m in range(self.pop_size):
-            c = max(1, min(self.count[m], self.config.fitness_window))
-            out[m] = self.window[-c:, m].mean()
-        return out
-
-    def ready(self, env_steps: int) -> bool:
-        return env_steps - self.last_ready >= self.config.interval and env_steps < self.total_env_steps
-
-    def after_eval(self, key: Key, state: PopState, returns: jax.Array, env_steps: int) -> PopState:
-        """Records the evaluation; runs one exploit/explore round when the population is ready."""
-        self.window = np.roll(self.window, -1, axis=0)
-        self.window[-1] = np.asarray(returns, np.float64)
-        self.count += 1
-        if not self.ready(env_steps):
-            return state
-        fitness = self.fitness()
-        old = hparams_table(state.hparams)
-        copy_buffer = self.config.copy_buffer
-        states = (state.learner, state.buffer) if copy_buffer else state.learner
-        states, hparams, info = self._exploit(key, states, state.hparams, jnp.asarray(fitness, jnp.float32))
-        if self.sharding is not None:
-            from popjax.population.sharding import shard_members
-
-            states, hparams = shard_members((states, hparams), self.sharding)
-        learner, buffer = states if copy_buffer else (states, state.buffer)
-        state = state.replace(learner=learner, buffer=buffer, hparams=hparams)
-        new = hparams_table(hparams)
-        loser, parent = np.asarray(info["loser"]), np.asarray(info["parent"])
-        for m in np.flatnonzero(loser).tolist():
+    def record(self, state, env_steps, returns, info) -> None:
+        if not info["ready"]:
+            return
+        old, new = hparams_table(info["old_hparams"]), hparams_table(state.hparams)
+        fitness, parent = info["fitness"], info["parent"]
+        for m in np.flatnonzero(info["loser"]).tolist():
             p = int(parent[m])
             self.lineage.append({
                 "env_steps": int(env_steps), "member": m, "parent": p,
@@ -316,34 +331,19 @@ class PBTDriver:
                 "old_hparams": {name: values[m] for name, values in old.items()},
                 "new_hparams": {name: values[m] for name, values in new.items()},
             })
-        self.count[loser] = 0
-        self.last_ready = int(env_steps)
-        self.rounds += 1
-        return state
+
+    def summary(self, state) -> dict[str, Any]:
+        record = jax.device_get(state.pbt)
+        return {**super().summary(state), "lineage": [dict(e) for e in self.lineage], "pbt": {
+            "rounds": int(record.rounds), "last_ready_env_steps": int(record.last_ready),
+            "fitness_window": [[_json_float(v) for v in row] for row in np.asarray(record.window).tolist()],
+            "window_count": np.asarray(record.count).tolist()}}
 
     def state_dict(self) -> dict[str, Any]:
-        """Lineage (for summary.json) and the readiness state (for exact resume)."""
-        return {
-            "lineage": [dict(e) for e in self.lineage],
-            "pbt": {
-                "rounds": self.rounds, "last_ready_env_steps": self.last_ready,
-                "fitness_window": [[_json_float(v) for v in row] for row in self.window.tolist()],
-                "window_count": self.count.tolist(),
-            },
-        }
+        return {"lineage": [dict(e) for e in self.lineage]}
 
-    def load_state_dict(self, data: dict[str, Any]) -> None:
+    def load_state_dict(self, data) -> None:
         self.lineage = [dict(e) for e in data.get("lineage", [])]
-        pbt = data.get("pbt", {})
-        self.rounds = int(pbt.get("rounds", 0))
-        self.last_ready = int(pbt.get("last_ready_env_steps", 0))
-        if "fitness_window" in pbt:
-            window = np.array([[np.nan if v is None else v for v in row] for row in pbt["fitness_window"]],
-                              np.float64)
-            if window.shape != self.window.shape:
-                raise ValueError(f"pbt state: fitness window {window.shape} != {self.window.shape}")
-            self.window = window
-            self.count = np.asarray(pbt["window_count"], np.int64)
 
 
 def _json_float(x: float) -> float | None:
@@ -352,27 +352,50 @@ def _json_float(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def make_pbt_driver(run_config, learner_def, learner_config, sharding=None) -> PBTDriver:
-    """Builds the driver from a RunConfig (validates ``run_config.pbt``)."""
-    config = resolve_pbt_config(run_config, learner_def, learner_config)
-    return PBTDriver(config, run_config.pop_size, run_config.total_env_steps, sharding)
+def options(raw: Mapping[str, Any], ctx: BuildContext) -> PBTConfig:
+    """Validates ``RunConfig.pbt`` and resolves its search space (one-line ConfigError)."""
+    cfg = ctx.config
+    return parse_pbt_config(raw, learner=cfg.learner, hparams_names=hparam_names(ctx.hparams), pop_size=cfg.pop_size,
+                            total_env_steps=cfg.total_env_steps, eval_interval=cfg.eval_interval)
 
 
-def resolve_pbt_config(run_config, learner_def, learner_config) -> PBTConfig:
-    names = hparam_names(learner_def.default_hparams(learner_config))
-    return parse_pbt_config(run_config.pbt, learner=run_config.learner, hparams_names=names,
-                            pop_size=run_config.pop_size, total_env_steps=run_config.total_env_steps,
-                            eval_interval=run_config.eval_interval)
+def build(ctx: BuildContext, config: PBTConfig):
+    """The independent population, started from the prior and exploited after evaluations.
+
+    The initial hparams of the PBT space are drawn from the prior, except those the user fixed
+    (``hparams``) or sampled (``search_space``).
+    """
+    keep = set(ctx.config.hparams) | set(ctx.config.search_space)
+    ctx = dataclasses.replace(ctx, hparams=initial_hparams(ctx.setup_key, ctx.hparams, config.space, keep))
+    population = make_population(ctx, PBTState, MEMBER_AXES)
+    pop, window = ctx.config.pop_size, config.fitness_window
+    record = lambda: PBTRecord(window=jnp.full((window, pop), jnp.nan, jnp.float32), count=jnp.zeros(pop, jnp.int32),
+                               last_ready=jnp.zeros((), jnp.int32), rounds=jnp.zeros((), jnp.int32))
+    total = ctx.config.total_env_steps
+    return population._replace(
+        init=lambda key: population.init(key, pbt=record()),
+        after_eval=lambda key, state, returns: pbt_after_eval(key, state, returns, config, total),
+        host=PBTHost())
 
 
-def pbt_initial_hparams(run_config, learner_def, learner_config, hparams):
-    """The initial PBT population: hparams of the PBT space sampled from the prior, except those the
-    user fixed (``hparams``) or sampled from ``search_space``."""
-    config = resolve_pbt_config(run_config, learner_def, learner_config)
-    keep = set(run_config.hparams) | set(run_config.search_space)
-    key = jax.random.fold_in(jax.random.key(run_config.seed), 7)
-    return initial_hparams(key, hparams, config.space, keep)
+def pbt_run_plots(run_dir) -> list:
+    """``pbt_hparams.png`` (schedules from metrics.csv) and ``pbt_lineage.png`` (from summary.json)."""
+    from popjax.learners import LEARNERS
+
+    cfg, rows = run_dir.read_config(), run_dir.read_metrics()
+    summary = run_dir.read_summary() if (run_dir.path / "summary.json").exists() else {}
+    definition = LEARNERS.get(cfg.get("learner"))
+    names = [f.name for f in dataclasses.fields(definition.hparams_cls)] if definition else []
+    written = []
+    if rows and names:
+        written.append(plots.pbt_hparams_plot(rows, names, run_dir.path / "plots" / "pbt_hparams.png",
+                                              f"PBT hyperparameters: {cfg.get('learner')} on {cfg.get('env')}"))
+    if summary:
+        written.append(plots.pbt_lineage_plot(summary.get("lineage", []), int(cfg["pop_size"]),
+                                              float(summary.get("env_steps", cfg["total_env_steps"])),
+                                              run_dir.path / "plots" / "pbt_lineage.png",
+                                              final_returns=summary.get("final_returns")))
+    return written
 
 
-__all__ = ["PBTConfig", "PBTDriver", "exploit_and_explore", "explore_hparams", "initial_hparams",
-           "make_pbt_driver", "parse_pbt_config", "perturb_value"]
+DEFINITION = DriverDef(name="pbt", build=build, options=options, plots=pbt_run_plots)

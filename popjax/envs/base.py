@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from popjax.population.members import indexed_keys
 from popjax.types import EnvSpec, Key
 
 
@@ -45,6 +46,7 @@ class VecEnvState:
     obs: jax.Array  # [n, *obs_shape]
     t: jax.Array  # [n] int32 steps in the current episode
     episode_return: jax.Array  # [n] float32 return so far
+    ids: jax.Array  # [n] int32 global env indices: env i resets with fold_in(key, i)
 
 
 class StepOutput(NamedTuple):
@@ -58,19 +60,27 @@ class StepOutput(NamedTuple):
 
 class VecEnv(NamedTuple):
     spec: EnvSpec
-    reset: Callable[[Key, int], VecEnvState]
+    reset: Callable[[Key, int | jax.Array], VecEnvState]
     step: Callable[[Key, VecEnvState, jax.Array], tuple[VecEnvState, StepOutput]]
 
 
 def make_vec_env(env: JaxEnv) -> VecEnv:
-    """Batched, auto-resetting version of ``env`` (batch size fixed by ``reset``)."""
+    """Batched, auto-resetting version of ``env`` (batch size fixed by ``reset``).
+
+    Env ``i`` draws its resets from ``fold_in(key, i)`` (= ``split(key, n)[i]``) with ``i`` its
+    global index, so a program that holds a slice of the envs (one device of several) resets
+    them exactly as a program holding all of them would.
+    """
     spec = env.spec
     v_reset = jax.vmap(env.reset)
     v_step = jax.vmap(env.step)
 
-    def reset(key: Key, n: int) -> VecEnvState:
-        inner, obs = v_reset(jax.random.split(key, n))
-        return VecEnvState(inner, obs, jnp.zeros(n, jnp.int32), jnp.zeros(n, jnp.float32))
+    def reset(key: Key, ids: int | jax.Array) -> VecEnvState:
+        """``ids``: the envs' global indices ``[n]``, or ``n`` for ``0 .. n-1``."""
+        ids = jnp.arange(ids, dtype=jnp.int32) if isinstance(ids, int) else jnp.asarray(ids, jnp.int32)
+        n = ids.shape[0]
+        inner, obs = v_reset(indexed_keys(key, ids))
+        return VecEnvState(inner, obs, jnp.zeros(n, jnp.int32), jnp.zeros(n, jnp.float32), ids)
 
     def step(key: Key, state: VecEnvState, action: jax.Array) -> tuple[VecEnvState, StepOutput]:
         inner, next_obs, reward, terminated = v_step(state.inner, to_native(spec, action))
@@ -82,7 +92,7 @@ def make_vec_env(env: JaxEnv) -> VecEnv:
         episode_return = state.episode_return + reward
 
         def reset_done(_):
-            fresh_inner, fresh_obs = v_reset(jax.random.split(key, done.shape[0]))
+            fresh_inner, fresh_obs = v_reset(indexed_keys(key, state.ids))
             mask = lambda a, b: jnp.where(done.reshape(done.shape + (1,) * (a.ndim - 1)), a, b)
             return jax.tree.map(mask, fresh_inner, inner), mask(fresh_obs, next_obs)
 
@@ -93,6 +103,7 @@ def make_vec_env(env: JaxEnv) -> VecEnv:
             obs=obs,
             t=jnp.where(done, 0, t),
             episode_return=jnp.where(done, 0.0, episode_return),
+            ids=state.ids,
         )
         out = StepOutput(
             next_obs=next_obs,

@@ -10,10 +10,12 @@ over members is a collective (``lax.pmean`` of the critic gradients, loss, criti
 tau; ``lax.pmin`` of the policy delay; ``lax.all_gather`` of the DvD embeddings). Inside
 ``vmap`` the results of those collectives are unbatched, so the shared critic and its Adam
 step are computed once, not ``pop`` times, and the same function can run under
-``shard_map`` with the member axis split over devices.
+``shard_map`` with the member axis split over devices: pass ``device_axis`` and the
+collectives also run over it (every reduction then spans the whole population).
 
-Everything else is popjax's TD3 (``popjax/learners/td3.py``): one target ``y`` per member
-and step (one smoothing-noise draw from the member's own key), DPG on ``obs`` through
+Everything else is popjax's TD3, reused from ``popjax/learners/td3.py`` (``target_q``,
+``dpg_loss``, ``critic_loss_fn``): one target ``y`` per member and step (one smoothing-noise
+draw from the member's own key), DPG on ``obs`` through
 critic 1 of the just-updated critic, all targets Polyak-averaged on policy steps only,
 Adam with a traced per-member learning rate. Per-member hyperparameters are the usual
 ``TD3HParams`` with a leading ``[pop]`` axis; for the shared critic, whose update is
@@ -21,12 +23,9 @@ common to all members, ``critic_lr`` and ``tau`` are the population means and th
 critic moves on the policy steps of the smallest ``policy_delay`` (all equal in CEM-RL and
 DvD, where this choice is moot).
 
-``sequential_update`` is the reference for tests and benchmarks: the original CEM-RL order
-(Pourchot & Sigaud 2019, Algorithm 1 / ``es_grad.py``), one member after the other, each
-doing its share of the critic updates on its own sub-batches, then its actor updates
-through the current critic (``interleave=True`` spreads each member's critic updates between
-its actor updates instead). Over ``K`` steps it does exactly ``K`` critic updates and ``K``
-actor updates per member, like ``train`` (vectorized) does.
+The sequential CEM-RL order (one member after the other), the reference this step is
+measured against, lives with the benchmarks (``popjax.bench.cemrl_order``): it is not a
+training path.
 
 DvD (``diversity`` given): the embedding of actor ``i`` is its actions on all ``pop * B``
 observations of the step (``lax.all_gather``), the kernel is the RBF
@@ -44,11 +43,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from popjax.learners.base import adam_init, adam_step, polyak, select
-from popjax.learners.td3 import TD3Config, TD3HParams, critic_loss_fn
+from popjax.learners.td3 import TD3Config, TD3HParams, critic_loss_fn, dpg_loss, target_q
 from popjax.networks.mlp import DeterministicActor, TwinCritic
 from popjax.types import EnvSpec, Key, Metrics, PyTree, Transition
 
@@ -93,21 +91,24 @@ class SharedCriticState:
 
 
 class SharedCriticTD3(NamedTuple):
-    """Pure population-level functions (see ``make_shared_critic_td3``)."""
+    """Shared-critic TD3: a ``PopulationLearner`` (see ``popjax.learners.base``) plus CEM-RL's hooks."""
 
     init: Callable  # (key, hparams[pop]) -> state
     update: Callable  # (keys[pop], state, batch[pop, B], hparams[pop], weight=0.) -> (state, metrics[pop])
-    critic_grads: Callable  # (keys[pop], state, batch[pop, B], hparams[pop]) -> (loss, grads, member_losses)
-    train: Callable  # (keys[K, pop], state, batches[K, pop, B], hparams, weight=0.) -> (state, metrics[pop])
-    sequential_update: Callable  # (keys[K, pop], state, batches[K, pop, B], hparams, interleave=False) -> ...
-    critic_step: Callable  # one sequential critic update on one member's batch
-    actor_step: Callable  # one sequential actor update of one member
+    act: Callable  # (keys[pop], state, obs[pop, ...], hparams[pop]) -> actions with exploration noise
     policy: Callable  # (state, obs[pop, ...]) -> actions[pop, ...]
-    act: Callable  # (key, state, obs[pop, ...], hparams[pop]) -> actions with exploration noise
+    member_axes: SharedCriticState  # True where a leaf has the member axis (actors), False (critic)
+    train: Callable  # (keys[K, pop], state, batches[K, pop, B], hparams, weight=0.) -> (state, metrics[pop])
+    critic_grads: Callable  # (keys[pop], state, batch[pop, B], hparams[pop]) -> (loss, grads, member_losses)
     load_actors: Callable  # (state, actors[pop]) -> state (fresh targets and Adam states)
     actor_apply: Callable  # (actor_params, obs) -> action (one member)
+    critic_apply: Callable  # (critic_params, obs, action) -> q [2, ...] (twin critics)
     init_actor: Callable  # (key) -> one member's actor params
     pop_size: int
+
+
+MEMBER_AXES = SharedCriticState(actor=True, target_actor=True, actor_opt=True, critic=False, target_critic=False,
+                                critic_opt=False, steps=False)
 
 
 # --- DvD: kernel and numerically safe log-determinant ------------------------------------------
@@ -165,14 +166,17 @@ def mean_pairwise_distance(embeddings: jax.Array) -> jax.Array:
 
 # --- the learner --------------------------------------------------------------------------------
 def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
-                           diversity: DiversityConfig | None = None) -> SharedCriticTD3:
+                           diversity: DiversityConfig | None = None,
+                           device_axis: str | None = None) -> SharedCriticTD3:
     """Builds the shared-critic TD3 population functions.
 
     Args:
       config: TD3 network sizes (``hidden``) and batch size.
       spec: environment spec (continuous actions).
-      pop_size: number of actors (the members that receive gradient steps).
+      pop_size: number of actors this program holds (the members that receive gradient steps).
       diversity: DvD settings; None compiles no diversity term (CEM-RL).
+      device_axis: the mesh axis of per-device programs that each hold ``pop_size`` of the actors
+        (``--parallel pmap``); None when one program holds them all.
     """
     if spec.discrete:
         raise ValueError("the shared-critic TD3 needs continuous actions")
@@ -180,6 +184,16 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
     critic_net = TwinCritic(config.hidden)
     obs0 = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
     act0 = jnp.zeros((1, spec.action_dim), jnp.float32)
+    axes = AXIS if device_axis is None else (device_axis, AXIS)  # every reduction spans the population
+
+    def gather(x):
+        """Every actor's ``x``, ``[all actors, ...]`` in global member order."""
+        x = jax.lax.all_gather(x, AXIS)
+        return x if device_axis is None else jax.lax.all_gather(x, device_axis, tiled=True)
+
+    def member_index():
+        index = jax.lax.axis_index(AXIS)
+        return index if device_axis is None else jax.lax.axis_index(device_axis) * pop_size + index
 
     def init_actor(key: Key) -> PyTree:
         return actor_net.init(key, obs0)
@@ -198,50 +212,41 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
         return state.replace(actor=actors, target_actor=jax.tree.map(jnp.copy, actors),
                              actor_opt=jax.vmap(adam_init)(actors))
 
-    def target_q(key: Key, target_actor, target_critic, batch: Transition, hp: TD3HParams) -> jax.Array:
-        noise = hp.target_noise * jax.random.normal(key, batch.action.shape)
-        noise = jnp.clip(noise, -hp.noise_clip, hp.noise_clip)
-        next_action = jnp.clip(actor_net.apply(target_actor, batch.next_obs) + noise, -1.0, 1.0)
-        next_q = critic_net.apply(target_critic, batch.next_obs, next_action).min(axis=0)
-        return batch.reward + hp.discount * (1.0 - batch.terminated) * next_q
-
-    def actor_loss_fn(actor, critic, obs):
-        return -critic_net.apply(critic, obs, actor_net.apply(actor, obs))[0].mean()
-
     def diversity_term(actor, obs_all):
         """Member's share of DvD: (loss, d loss / d own actor, distance metric); unbatched loss."""
         emb, pullback = jax.vjp(lambda p: actor_net.apply(p, obs_all).reshape(-1), actor)
-        embeddings = jax.lax.all_gather(emb, AXIS)  # [pop, S * A], identical for every member
+        embeddings = gather(emb)  # [pop, S * A], identical for every member
         loss, grad_emb = jax.value_and_grad(diversity_loss)(embeddings, diversity.rbf_scale, diversity.jitter,
                                                             diversity.normalize)
-        (grads,) = pullback(grad_emb[jax.lax.axis_index(AXIS)])
+        (grads,) = pullback(grad_emb[member_index()])
         return loss, grads, mean_pairwise_distance(jax.lax.stop_gradient(embeddings))
 
     def member_critic_grads(key, target_actor, batch, hp, critic, target_critic):
         """Member's TD loss on its own sub-batch (own target actor and noise key) and the
         population mean of loss and gradient (= loss and gradient of the mean over all pop*B
         samples, the sub-batches having equal sizes)."""
-        y = jax.lax.stop_gradient(target_q(key, target_actor, target_critic, batch, hp))
+        y = target_q(key, actor_net, critic_net, target_actor, target_critic, batch, hp)
         loss_and_grad = jax.value_and_grad(critic_loss_fn, has_aux=True)
         (member_loss, q), grads = loss_and_grad(critic, critic_net, batch, y)
-        return member_loss, q, jax.lax.pmean(member_loss, AXIS), jax.lax.pmean(grads, AXIS)
+        return member_loss, q, jax.lax.pmean(member_loss, axes), jax.lax.pmean(grads, axes)
 
     def member_step(key, actor, target_actor, actor_opt, batch, hp, critic, target_critic, critic_opt, steps,
                     weight):
         # 1. Shared critic, updated once with the population-mean gradient.
         member_loss, q, critic_loss, grads = member_critic_grads(key, target_actor, batch, hp, critic,
                                                                  target_critic)
-        new_critic, new_critic_opt = adam_step(critic, grads, critic_opt, jax.lax.pmean(hp.critic_lr, AXIS))
-        critic_policy_step = (steps + 1) % jax.lax.pmin(hp.policy_delay, AXIS) == 0
-        moved = polyak(target_critic, new_critic, jax.lax.pmean(hp.tau, AXIS))
+        new_critic, new_critic_opt = adam_step(critic, grads, critic_opt, jax.lax.pmean(hp.critic_lr, axes))
+        critic_policy_step = (steps + 1) % jax.lax.pmin(hp.policy_delay, axes) == 0
+        moved = polyak(target_critic, new_critic, jax.lax.pmean(hp.tau, axes))
         new_target_critic = select(critic_policy_step, moved, target_critic)
 
         # 2. Actors: DPG through the just-updated shared critic (+ DvD's diversity gradient).
-        actor_loss, actor_grads = jax.value_and_grad(actor_loss_fn)(actor, new_critic, batch.obs)
+        actor_loss, actor_grads = jax.value_and_grad(
+            lambda a: dpg_loss(actor_net, critic_net, a, new_critic, batch.obs))(actor)
         metrics = {"critic_loss": critic_loss, "member_critic_loss": member_loss, "actor_loss": actor_loss,
                    "q_mean": q.mean()}
         if diversity is not None:
-            obs_all = jax.lax.all_gather(batch.obs, AXIS).reshape((-1,) + spec.obs_shape)
+            obs_all = gather(batch.obs).reshape((-1,) + spec.obs_shape)
             if diversity.embedding_states:
                 obs_all = obs_all[: diversity.embedding_states]
             div_loss, div_grads, distance = diversity_term(actor, obs_all)
@@ -291,106 +296,19 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
         state, metrics = jax.lax.scan(body, state, (keys, batches))
         return state, jax.tree.map(lambda m: m.mean(axis=0), metrics)
 
-    # --- the sequential CEM-RL reference --------------------------------------------------------
-    def critic_step(key: Key, critic_part, target_actor, batch: Transition, hp: TD3HParams):
-        """One critic update on one member's sub-batch (targets from that member's target actor).
-
-        ``critic_part = (critic, critic_opt, target_critic)``; the target critic moves every
-        critic update (CEM-RL: policy delay 1).
-        """
-        critic, critic_opt, target_critic = critic_part
-        y = jax.lax.stop_gradient(target_q(key, target_actor, target_critic, batch, hp))
-        (loss, _), grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(critic, critic_net, batch, y)
-        critic, critic_opt = adam_step(critic, grads, critic_opt, hp.critic_lr)
-        return (critic, critic_opt, polyak(target_critic, critic, hp.tau)), loss
-
-    def actor_step(actor_part, critic, obs: jax.Array, hp: TD3HParams):
-        """One DPG update of one member through ``critic``; ``actor_part = (actor, opt, target_actor)``."""
-        actor, actor_opt, target_actor = actor_part
-        loss, grads = jax.value_and_grad(actor_loss_fn)(actor, critic, obs)
-        actor, actor_opt = adam_step(actor, grads, actor_opt, hp.actor_lr)
-        return (actor, actor_opt, polyak(target_actor, actor, hp.tau)), loss
-
-    def sequential_update(keys: Key, state: SharedCriticState, batches: Transition, hparams: TD3HParams,
-                          interleave: bool = False) -> tuple[SharedCriticState, Metrics]:
-        """The CEM-RL order over ``K`` steps (``keys [K, pop]``, ``batches [K, pop, B, ...]``).
-
-        Member ``i`` in turn gets ``K // pop`` (+1 for the first ``K % pop`` members) critic
-        updates on its own sub-batches (targets from its own target actor) and ``K`` actor
-        updates through the current critic on ``batches[:, i]``. ``interleave=False``
-        (CEM-RL's Algorithm 1 and ``es_grad.py``): first all its critic updates, each on the
-        sub-batch of a distinct step ``s`` with ``keys[s, i]``, then its actor updates.
-        ``interleave=True``: its critic updates spread evenly between its actor updates (a
-        critic update on the same step's sub-batch before the actor update of that step).
-        Totals either way: ``K`` critic updates (as ``train``), ``K`` actor updates per member.
-        Ignores ``policy_delay`` (CEM-RL uses 1). Python loop over members: the order is the
-        point of this function.
-        """
-        n_steps = keys.shape[0]
-        counts = [n_steps // pop_size + (i < n_steps % pop_size) for i in range(pop_size)]
-        critic_part = (state.critic, state.critic_opt, state.target_critic)
-        actors, critic_losses, actor_losses = [], [], []
-        start = 0
-        for i, count in enumerate(counts):
-            hp = jax.tree.map(lambda x, i=i: x[i], hparams)
-            member = lambda tree, i=i: jax.tree.map(lambda x: x[i], tree)
-            part = (member(state.actor), member(state.actor_opt), member(state.target_actor))
-            if interleave:
-                mask = np.zeros(n_steps, bool)
-                mask[(np.arange(count) * n_steps) // max(count, 1)] = True
-
-                def body(carry, xs, hp=hp):
-                    critic_part, part = carry
-                    key, batch, do_critic = xs
-                    critic_part, loss = jax.lax.cond(
-                        do_critic, lambda cp: critic_step(key, cp, part[2], batch, hp),
-                        lambda cp: (cp, jnp.zeros((), jnp.float32)), critic_part)
-                    part, actor_loss = actor_step(part, critic_part[0], batch.obs, hp)
-                    return (critic_part, part), (loss, actor_loss)
-
-                member_batches = jax.tree.map(lambda x, i=i: x[:, i], batches)
-                (critic_part, part), (losses, a_losses) = jax.lax.scan(
-                    body, (critic_part, part), (keys[:, i], member_batches, jnp.asarray(mask)))
-                critic_losses.append(losses.sum() / max(count, 1))
-            else:
-                sub = jax.tree.map(lambda x, i=i, start=start, count=count: x[start:start + count, i], batches)
-
-                def critic_body(cp, xs, hp=hp, target_actor=part[2]):
-                    return critic_step(xs[0], cp, target_actor, xs[1], hp)
-
-                critic_part, losses = jax.lax.scan(critic_body, critic_part, (keys[start:start + count, i], sub))
-                critic_losses.append(losses.mean() if count else jnp.zeros(()))
-
-                def actor_body(part, obs, hp=hp, critic=critic_part[0]):
-                    return actor_step(part, critic, obs, hp)
-
-                part, a_losses = jax.lax.scan(actor_body, part, batches.obs[:, i])
-            start += count
-            actors.append(part)
-            actor_losses.append(a_losses.mean())
-        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *actors)
-        critic, critic_opt, target_critic = critic_part
-        new_state = SharedCriticState(actor=stacked[0], actor_opt=stacked[1], target_actor=stacked[2],
-                                      critic=critic, critic_opt=critic_opt, target_critic=target_critic,
-                                      steps=state.steps + n_steps)
-        member_losses = jnp.stack(critic_losses)
-        metrics = {"critic_loss": jnp.full((pop_size,), member_losses.mean()), "member_critic_loss": member_losses,
-                   "actor_loss": jnp.stack(actor_losses)}
-        return new_state, metrics
-
     def policy(state: SharedCriticState, obs: jax.Array) -> jax.Array:
         return jax.vmap(actor_net.apply)(state.actor, obs)
 
-    def act(key: Key, state: SharedCriticState, obs: jax.Array, hparams: TD3HParams) -> jax.Array:
+    def act(keys: Key, state: SharedCriticState, obs: jax.Array, hparams: TD3HParams) -> jax.Array:
+        """Exploration actions; ``keys [pop]``, one per member (its noise does not depend on the others)."""
         action = policy(state, obs)
+        noise = jax.vmap(lambda k, a: jax.random.normal(k, a.shape))(keys, action)
         sigma = hparams.exploration_noise.reshape((-1,) + (1,) * (action.ndim - 1))
-        return jnp.clip(action + sigma * jax.random.normal(key, action.shape), -1.0, 1.0)
+        return jnp.clip(action + sigma * noise, -1.0, 1.0)
 
-    return SharedCriticTD3(init=init, update=update, critic_grads=critic_grads, train=train,
-                           sequential_update=sequential_update, critic_step=critic_step,
-                           actor_step=actor_step, policy=policy, act=act,
-                           load_actors=load_actors, actor_apply=actor_net.apply, init_actor=init_actor,
-                           pop_size=pop_size)
+    return SharedCriticTD3(init=init, update=update, act=act, policy=policy, member_axes=MEMBER_AXES, train=train,
+                           critic_grads=critic_grads, load_actors=load_actors, actor_apply=actor_net.apply,
+                           critic_apply=critic_net.apply, init_actor=init_actor, pop_size=pop_size)
 
 
 def from_member_states(td3_states) -> SharedCriticState:

@@ -69,6 +69,22 @@ def critic_loss_fn(critic_params, critic_net, batch: Transition, target_q: jax.A
     return jnp.sum(jnp.mean((q - target_q) ** 2, axis=-1)), q
 
 
+def target_q(key: Key, actor_net, critic_net, target_actor: PyTree, target_critic: PyTree, batch: Transition,
+             hp: TD3HParams) -> jax.Array:
+    """The TD3 target (no gradient): clipped-noise target action, min over the twin target critics,
+    no bootstrap past a true termination."""
+    noise = hp.target_noise * jax.random.normal(key, batch.action.shape)
+    noise = jnp.clip(noise, -hp.noise_clip, hp.noise_clip)
+    next_action = jnp.clip(actor_net.apply(target_actor, batch.next_obs) + noise, -1.0, 1.0)
+    next_q = critic_net.apply(target_critic, batch.next_obs, next_action).min(axis=0)
+    return jax.lax.stop_gradient(batch.reward + hp.discount * (1.0 - batch.terminated) * next_q)
+
+
+def dpg_loss(actor_net, critic_net, actor: PyTree, critic: PyTree, obs: jax.Array) -> jax.Array:
+    """The deterministic policy gradient loss: ``-Q_1(s, pi(s))`` averaged over the batch."""
+    return -critic_net.apply(critic, obs, actor_net.apply(actor, obs))[0].mean()
+
+
 def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
     actor_net = DeterministicActor(config.hidden, spec.action_dim)
     critic_net = TwinCritic(config.hidden)
@@ -86,25 +102,15 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
             steps=jnp.zeros((), jnp.int32),
         )
 
-    def target_q(key: Key, state: TD3State, batch: Transition, hp: TD3HParams) -> jax.Array:
-        noise = hp.target_noise * jax.random.normal(key, batch.action.shape)
-        noise = jnp.clip(noise, -hp.noise_clip, hp.noise_clip)
-        next_action = jnp.clip(actor_net.apply(state.target_actor, batch.next_obs) + noise, -1.0, 1.0)
-        next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action).min(axis=0)
-        return batch.reward + hp.discount * (1.0 - batch.terminated) * next_q
-
-    def actor_loss_fn(actor_params, critic_params, obs):
-        action = actor_net.apply(actor_params, obs)
-        return -critic_net.apply(critic_params, obs, action)[0].mean()
-
     def update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams):
-        y = jax.lax.stop_gradient(target_q(key, state, batch, hp))
+        y = target_q(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
         (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
             state.critic, critic_net, batch, y
         )
         critic, critic_opt = adam_step(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
 
-        actor_loss, actor_grads = jax.value_and_grad(actor_loss_fn)(state.actor, critic, batch.obs)
+        actor_loss, actor_grads = jax.value_and_grad(
+            lambda actor: dpg_loss(actor_net, critic_net, actor, critic, batch.obs))(state.actor)
         actor, actor_opt = adam_step(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
         is_policy_step = (state.steps + 1) % hp.policy_delay == 0
         actor, actor_opt = select(is_policy_step, (actor, actor_opt), (state.actor, state.actor_opt))

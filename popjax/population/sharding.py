@@ -1,28 +1,95 @@
-"""Splitting the member axis over several devices (GSPMD: jit propagates the sharding)."""
+"""Splitting a population over devices: member leaves are split, shared leaves replicated.
+
+Two ways to run the population's programs on ``d`` devices (``--parallel``):
+
+- ``sharding`` (default): every program is written for the whole population and the
+  compiler (GSPMD) splits it, following the placement of its inputs: leaves with the member
+  axis are split along axis 0, shared leaves (a shared critic, a shared buffer, counters)
+  are replicated. Cross-member work (PBT's ranking and copies, a shared critic's mean
+  gradient) becomes the needed collectives automatically.
+- ``pmap``: one explicit program per device holding ``pop / d`` members (``Members`` with the
+  mesh axis), collectives written by name. It is built with ``jax.shard_map``, the
+  primitive ``jax.pmap`` itself is implemented with in JAX 0.10: the population keeps one
+  layout (``[pop, ...]`` arrays placed as in ``sharding``), so checkpoints, PBT's exploit and
+  every host read are the same on both paths.
+
+A driver says which leaves carry the member axis with a prefix pytree of bools
+(``Driver.member_axes``). A member leaf whose axis 0 does not divide over the devices (CEM-RL's
+``n_trained`` actors, say) is replicated on the ``sharding`` path.
+"""
 
 from __future__ import annotations
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from popjax.population.members import Members
 from popjax.types import PyTree
 
+DEVICE_AXIS = "devices"
 
-def member_sharding(devices: int) -> NamedSharding | None:
-    """A sharding that splits axis 0 over the first ``devices`` devices (None for one device)."""
-    if devices <= 1:
-        return None
+
+def device_mesh(devices: int) -> Mesh:
+    """A 1-D mesh over the first ``devices`` devices; raises ValueError if JAX sees fewer."""
     available = jax.devices()
     if len(available) < devices:
         raise ValueError(f"devices: {devices} requested but JAX sees {len(available)} "
                          f"({available[0].platform}); on a CPU set "
                          f"XLA_FLAGS=--xla_force_host_platform_device_count={devices}")
-    mesh = jax.sharding.Mesh(available[:devices], ("pop",))
-    return NamedSharding(mesh, PartitionSpec("pop"))
+    return Mesh(np.asarray(available[:devices]), (DEVICE_AXIS,))
 
 
-def shard_members(tree: PyTree, sharding: NamedSharding | None) -> PyTree:
-    """Places every leaf with its axis 0 split over the mesh (no-op without a sharding)."""
-    if sharding is None:
-        return tree
-    return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+def expand(member_axes: PyTree, tree: PyTree) -> PyTree:
+    """The bool of ``member_axes`` (a prefix of ``tree``) for every leaf of ``tree``."""
+    return jax.tree.map(lambda flag, sub: jax.tree.map(lambda _: bool(flag), sub), member_axes, tree)
+
+
+class Placement:
+    """Where the population's arrays live and how its programs are split (see module doc)."""
+
+    def __init__(self, devices: int = 1, parallel: str = "sharding"):
+        self.devices = devices
+        self.parallel = parallel
+        self.mesh = device_mesh(devices) if devices > 1 else None
+
+    @property
+    def per_device(self) -> bool:
+        """One program per device (``pmap``)."""
+        return self.parallel == "pmap" and self.mesh is not None
+
+    def members(self, pop_size: int) -> Members:
+        """The population as seen inside the per-device programs (all of it without ``pmap``)."""
+        if self.per_device:
+            return Members(pop_size, self.devices, DEVICE_AXIS)
+        return Members(pop_size)
+
+    def shardings(self, tree: PyTree, member_axes: PyTree) -> PyTree | None:
+        """``NamedSharding`` per leaf of ``tree`` (arrays or shape structs); None on one device."""
+        if self.mesh is None:
+            return None
+
+        def sharding(is_member: bool, leaf) -> NamedSharding:
+            shape = getattr(leaf, "shape", ())
+            split = is_member and len(shape) > 0 and shape[0] % self.devices == 0
+            if is_member and not split and self.per_device:
+                raise ValueError(f"a member leaf of shape {tuple(shape)} does not split over {self.devices} devices")
+            return NamedSharding(self.mesh, PartitionSpec(DEVICE_AXIS) if split else PartitionSpec())
+
+        return jax.tree.map(sharding, expand(member_axes, tree), tree)
+
+    def put(self, tree: PyTree, member_axes: PyTree) -> PyTree:
+        """``tree`` on the devices, member leaves split (a no-op on one device)."""
+        shardings = self.shardings(tree, member_axes)
+        return tree if shardings is None else jax.device_put(tree, shardings)
+
+    def program(self, fn, in_axes: tuple, out_axes):
+        """``fn`` as one program per device on the ``pmap`` path (unchanged otherwise).
+
+        ``in_axes``/``out_axes``: per argument / for the output, a prefix pytree of bools (True =
+        the member axis, split over the devices; False = replicated).
+        """
+        if not self.per_device:
+            return fn
+        spec = lambda axes: jax.tree.map(lambda flag: PartitionSpec(DEVICE_AXIS) if flag else PartitionSpec(), axes)
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=tuple(spec(a) for a in in_axes), out_specs=spec(out_axes))

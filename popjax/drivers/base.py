@@ -1,0 +1,244 @@
+"""The driver contract: how a population is trained, as pure functions over one state pytree.
+
+A driver is registered as a ``DriverDef`` in ``popjax.drivers.DRIVERS`` (like ``LEARNERS``).
+Its ``build`` returns a ``Driver``: pure functions over **one driver-state pytree** that holds
+everything that evolves (learner states, buffers, hparams, driver variables) and its own
+``counters``. The generic loop (``popjax.loop``) composes them into one iteration:
+
+    state, metrics  = prepare(key, state)                        # optional (CEM-RL: ask + train)
+    experience      = <interaction>(act, state)                   # env stepping, done by a runner
+    state, metrics  = learn(key, state, experience)               # add to buffers, train, tell
+    ...at evaluations:
+    returns         = <evaluation>(policy, state)                 # deterministic episodes
+    state, info     = after_eval(key, state, returns)             # optional (PBT exploit, bandit)
+    host.record(state, env_steps, returns, info)                  # untraceable records (lineage)
+
+On the JAX env path the first three are traced into one compiled call; on the host path
+(gymnasium) ``prepare`` and ``learn`` are compiled and the envs are stepped on the host
+between them. That is why the iteration is given in stages rather than as one function:
+the same driver runs unchanged on both paths. ``after_eval`` is compiled too (a ``cond``
+outside any ``vmap``, so PBT's exploit costs nothing when it is not due).
+
+Rules: no PRNG keys in the state (every key is an argument); hyperparameters are traced
+arrays; population-level code uses ``vmap``/``scan``, never a Python loop over members;
+every metric is an array with a leading member axis. ``member_axes`` says which leaves have
+the member axis (split over devices) and which are shared (replicated on every device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from popjax.config import ConfigError, RunConfig
+from popjax.population.hparams import hparams_table
+from popjax.population.members import Members
+from popjax.types import EnvSpec, Key, Metrics, PyTree
+
+
+@struct.dataclass
+class Counters:
+    """Progress counters every driver state carries (int32 scalars, replicated)."""
+
+    env_steps: jax.Array  # env steps per member so far
+    updates: jax.Array  # gradient steps per member so far
+
+    @classmethod
+    def zeros(cls) -> Counters:
+        return cls(env_steps=jnp.zeros((), jnp.int32), updates=jnp.zeros((), jnp.int32))
+
+    def advance(self, env_steps=0, updates=0) -> Counters:
+        return Counters(env_steps=self.env_steps + env_steps, updates=self.updates + updates)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """Interaction: continue the persistent envs (``envs_per_member`` per member) for ``steps``
+    steps with the driver's ``act``; ``learn`` receives a ``popjax.envs.runner.Experience``."""
+
+    steps: int
+    envs_per_member: int
+
+    @property
+    def steps_per_member(self) -> int:
+        return self.steps * self.envs_per_member
+
+
+@dataclasses.dataclass(frozen=True)
+class Episodes:
+    """Interaction or evaluation: one episode in each of ``episodes`` fresh envs per actor.
+
+    ``actors``: how many policies act (``None``: every member, in the order of the member
+    axis; an int: that many actors not tied to members, e.g. 1 for CEM-RL's mean actor).
+    As an interaction, ``learn`` receives a ``popjax.envs.runner.EpisodeBatch``.
+    """
+
+    episodes: int
+    actors: int | None = None
+
+
+class DriverHost:
+    """The host-side part of a driver: what cannot be traced, and what gets logged.
+
+    The default logs one row per member at each evaluation (``member``, ``eval_return``, the
+    member's hparams and its learner metrics) and the hparams in the summary. Drivers with
+    host records (PBT lineage) or other rows (CEM-RL's per generation) extend it.
+    """
+
+    def __init__(self, hparams: Callable[[Any], Any]):
+        self.hparams = hparams  # state -> [pop] HParams
+
+    def record(self, state, env_steps: int, returns: np.ndarray, info) -> None:
+        """After each evaluation and ``after_eval``, with ``info`` on the host (numpy)."""
+
+    def rows(self, state, metrics: Mapping[str, np.ndarray], returns: np.ndarray | None) -> list[dict[str, Any]]:
+        """Rows for metrics.csv after an iteration; ``returns`` is None when it was not evaluated.
+
+        The loop prefixes ``env_steps``, ``updates`` and ``wall_s``.
+        """
+        if returns is None:
+            return []
+        return member_rows(returns, self.hparams(state), metrics)
+
+    def summary(self, state) -> dict[str, Any]:
+        """Fields of summary.json beyond the loop's own (they override the loop's on a clash)."""
+        return {"hparams": hparams_table(self.hparams(state))}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Host records to checkpoint (JSON)."""
+        return {}
+
+    def load_state_dict(self, data: Mapping[str, Any]) -> None:
+        del data
+
+
+class Driver(NamedTuple):
+    """What ``DriverDef.build`` returns (see the module docstring for how the loop uses it).
+
+    Attributes:
+      init: ``key -> state``; the state has a ``counters: Counters`` field.
+      interaction: ``Rollout`` or ``Episodes``: what the iteration does in the envs.
+      act: ``(key, state, obs [actors, envs, ...]) -> actions`` while interacting.
+      learn: ``(key, state, experience) -> (state, metrics)``; advances ``counters``.
+      evaluation: ``Episodes``: how the policies are evaluated.
+      policy: ``(state, obs [actors, episodes, ...]) -> actions``, deterministic.
+      member_axes: prefix pytree of the state with ``True`` where leaves have the member axis.
+      host: the ``DriverHost``.
+      prepare: optional ``(key, state) -> (state, metrics)`` run before interacting.
+      after_eval: optional ``(key, state, returns) -> (state, info)`` run after each evaluation.
+    """
+
+    init: Callable[[Key], Any]
+    interaction: Rollout | Episodes
+    act: Callable[[Key, Any, jax.Array], jax.Array]
+    learn: Callable[[Key, Any, Any], tuple[Any, Metrics]]
+    evaluation: Episodes
+    policy: Callable[[Any, jax.Array], jax.Array]
+    member_axes: PyTree
+    host: DriverHost
+    prepare: Callable[[Key, Any], tuple[Any, Metrics]] | None = None
+    after_eval: Callable[[Key, Any, jax.Array], tuple[Any, Any]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildContext:
+    """Everything a driver is built from (resolved and validated by ``popjax.experiment``).
+
+    ``members`` is the population as seen by the compiled programs the driver's functions run
+    in: all of it, or one device's slice on the ``pmap`` path (then ``members.local`` sets the
+    shapes and ``members.keys`` the member keys). ``hparams`` are the initial ``[pop]``
+    hyperparameters; ``setup_key`` is for the driver's own set-up randomness.
+    """
+
+    config: RunConfig
+    spec: EnvSpec
+    learner_def: Any  # popjax.learners.LearnerDef
+    learner_config: Any
+    learner: Any  # the single-member popjax.learners.Learner
+    hparams: Any
+    members: Members
+    setup_key: Key
+
+
+def no_options(raw: Mapping[str, Any], ctx: BuildContext) -> None:
+    if raw:
+        raise ConfigError(f"{ctx.config.driver}: this driver takes no options, got {', '.join(sorted(raw))}")
+
+
+def no_plots(run_dir) -> list[Path]:
+    del run_dir
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverDef:
+    """Registry entry of a driver.
+
+    Attributes:
+      name: ``--driver`` value; its options come from the config block of the same name.
+      build: ``(ctx, options) -> Driver``; raises ``ConfigError`` for unsupported set-ups.
+      options: ``(raw block, ctx) -> options`` (validated; ``ConfigError`` naming the field).
+      plots: ``run_dir -> [paths]``: the driver's plots (learning curves are drawn for all).
+      pmap: whether the driver runs on ``--parallel pmap`` (one program per device).
+    """
+
+    name: str
+    build: Callable[[BuildContext, Any], Driver]
+    options: Callable[[Mapping[str, Any], BuildContext], Any] = no_options
+    plots: Callable[[Any], list[Path]] = no_plots
+    pmap: bool = True
+
+
+def member_rows(returns: np.ndarray, hparams, metrics: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+    """One row per member: ``member``, ``eval_return``, its hparams and its metrics."""
+    table = hparams_table(hparams)
+    rows = []
+    for m, ret in enumerate(np.asarray(returns).tolist()):
+        row = {"member": m, "eval_return": ret}
+        row.update({name: values[m] for name, values in table.items()})
+        row.update({name: float(values[m]) for name, values in sorted(metrics.items())})
+        rows.append(row)
+    return rows
+
+
+def nan_like(tree: PyTree) -> PyTree:
+    """NaN arrays shaped like ``tree`` (shape/dtype structs or arrays): metrics of a skipped step."""
+    return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), tree)
+
+
+def parse_options(section: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``defaults`` updated with ``given``; unknown keys and wrong types raise ConfigError.
+
+    Types follow the defaults: bools stay bools, integers accept integral numbers (``1e3``),
+    floats accept any finite number, tuples accept lists.
+    """
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ConfigError(f"{section}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(defaults)}")
+    out = dict(defaults)
+    for name, value in given.items():
+        default = defaults[name]
+        kind = type(default)
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int | float):
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            if ok and isinstance(default, int):
+                ok = float(value).is_integer()
+        elif isinstance(default, tuple):
+            ok = isinstance(value, list | tuple)
+            value = tuple(value) if ok else value
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            raise ConfigError(f"{section}.{name}: expected {kind.__name__}, got {value!r}")
+        out[name] = kind(value) if isinstance(default, int | float) and not isinstance(default, bool) else value
+    return out

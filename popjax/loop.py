@@ -1,0 +1,354 @@
+"""The one training loop: it runs any driver (``popjax.drivers.base``) on either env path.
+
+The loop owns what every driver shares: the key purposes, the compile cache, the
+evaluation and checkpoint cadence, progress, metrics rows, the summary, checkpoints and
+exact resume. It knows drivers only through the ``Driver`` contract and imports none.
+
+Per iteration it runs the driver's stages (see ``popjax.drivers.base``): on the JAX env path
+prepare, the env interaction and learn are one compiled call; on the host path prepare and
+learn are compiled and the gymnasium envs are stepped between them, each action from one
+compiled population call. After an iteration that crossed a multiple of ``eval_interval``
+env steps per member (or reached the end) it evaluates, runs ``after_eval`` and the host
+records, and logs; checkpoints follow evaluations and ``checkpoint_interval``.
+
+Every key is derived from ``(seed, purpose, iteration)``: nothing random is carried between
+iterations, so a resumed run draws exactly the keys an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections import Counter
+from enum import IntEnum
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from popjax.config import RunConfig
+from popjax.drivers.base import Driver, Episodes, Rollout
+from popjax.population.sharding import Placement
+from popjax.progress import TrainProgress
+from popjax.rundir import RunDir
+from popjax.types import Key
+
+
+class KeyPurpose(IntEnum):
+    """What a key is for: keys are ``fold_in(fold_in(key(seed), purpose), iteration)``."""
+
+    INIT = 0  # the driver state
+    HPARAMS = 1  # per-member hparams sampled from the run's search space
+    ENV_RESET = 2  # the persistent JAX envs
+    COLLECT = 3  # acting and env steps of an iteration
+    LEARN = 4  # learn (buffer sampling, updates)
+    EVALUATE = 5  # evaluation episodes
+    AFTER_EVAL = 6  # after_eval (PBT exploit and explore, bandit draws)
+    DRIVER_SETUP = 7  # the driver's own set-up draws (PBT's initial prior samples)
+    PREPARE = 8  # prepare (CEM-RL: ask and training)
+
+
+def key_for(seed: int, purpose: KeyPurpose, iteration: int = 0) -> Key:
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), int(purpose)), iteration)
+
+
+class Compiler:
+    """Ahead-of-time compile cache: one program per name, compiled once, compile time booked apart.
+
+    ``traces`` counts how often each program was traced (a retrace would be a bug: hparams and
+    counters are traced values). ``call_wrapper``, a ``staticmethod((name, compiled) -> callable)``
+    set on the class, wraps every compiled program handed out (``popjax.bench.train`` times them).
+    """
+
+    call_wrapper = None
+
+    def __init__(self):
+        self.compile_s = 0.0
+        self.traces: Counter[str] = Counter()
+        self._programs: dict[str, Any] = {}
+
+    def __call__(self, name: str, fn, *args, donate=(), out_shardings=None):
+        """``fn`` compiled for ``args`` (first call) and cached under ``name``."""
+        if name not in self._programs:
+            def counted(*a):
+                self.traces[name] += 1  # runs only while tracing
+                return fn(*a)
+
+            start = time.perf_counter()
+            jitted = jax.jit(counted, donate_argnums=donate, out_shardings=out_shardings)
+            self._programs[name] = jitted.lower(*args).compile()
+            self.compile_s += time.perf_counter() - start
+        program = self._programs[name]
+        return program if self.call_wrapper is None else self.call_wrapper(name, program)
+
+
+class Loop:
+    """Trains one driver; see the module docstring.
+
+    Args:
+      config: the run configuration (cadence, seed, budget).
+      driver: the driver built for the whole population (init, after_eval, host part).
+      local: the driver built for the programs that hold the members (the same as ``driver``
+        unless ``placement`` runs one program per device).
+      runner: ``JaxRunner`` or ``HostRunner`` for the programs' members.
+      placement: where the arrays live and how programs are split over devices.
+      run_dir: where metrics rows go (set before ``run``).
+    """
+
+    def __init__(self, config: RunConfig, driver: Driver, local: Driver, runner, placement: Placement,
+                 run_dir: RunDir | None = None):
+        self.config = config
+        self.driver = driver
+        self.local = local
+        self.runner = runner
+        self.placement = placement
+        self.run_dir = run_dir
+        self.compiler = Compiler()
+        self.iteration = 0
+        self.wall_s = 0.0
+        self.history: list[np.ndarray] = []  # eval returns per evaluation
+        self.checkpointer = None  # a popjax.checkpoint.Checkpointer, set by popjax.experiment
+        self._state_shardings = None
+
+    # --- programs ------------------------------------------------------------------------------
+    def key(self, purpose: KeyPurpose, iteration: int | None = None) -> Key:
+        return key_for(self.config.seed, purpose, self.iteration if iteration is None else iteration)
+
+    @property
+    def members_ids(self):
+        return self.placement.members(self.config.pop_size).ids
+
+    def _actor_ids(self, spec: Episodes):
+        return self.members_ids() if spec.actors is None else jnp.arange(spec.actors, dtype=jnp.int32)
+
+    def _step_act(self, key: Key, t, state, obs):
+        """The driver's act with the key of step ``t`` (derived inside the compiled call)."""
+        return self.local.act(jax.random.fold_in(key, t), state, obs)
+
+    def _interact(self, key: Key, state, env_state):
+        interaction = self.local.interaction
+        if isinstance(interaction, Rollout):
+            return self.runner.rollout(key, self._step_act, state, env_state, interaction.steps)
+        return env_state, self.runner.episodes(key, self._step_act, state, self._actor_ids(interaction),
+                                               interaction.episodes)
+
+    def _jax_iteration(self, key_prepare: Key, key_collect: Key, key_learn: Key, state, env_state):
+        metrics = {}
+        if self.local.prepare is not None:
+            state, metrics = self.local.prepare(key_prepare, state)
+        env_state, experience = self._interact(key_collect, state, env_state)
+        state, learned = self.local.learn(key_learn, state, experience)
+        return state, env_state, {**metrics, **learned}
+
+    def _program(self, fn, in_axes, out_axes):
+        return self.placement.program(fn, in_axes, out_axes)
+
+    @property
+    def _axes(self):
+        return self.driver.member_axes
+
+    def _state_out(self):
+        return self._state_shardings
+
+    # --- state ---------------------------------------------------------------------------------
+    def initial_state(self):
+        """A fresh driver state and env state, placed on the devices."""
+        init = self.compiler("init", self.driver.init, self.key(KeyPurpose.INIT, 0),
+                             out_shardings=self._shardings_of(self.driver.init, self.key(KeyPurpose.INIT, 0)))
+        state = init(self.key(KeyPurpose.INIT, 0))
+        return state, self._reset_envs()
+
+    def _shardings_of(self, init, key):
+        self._state_shardings = self.placement.shardings(jax.eval_shape(init, key), self._axes)
+        return self._state_shardings
+
+    def _reset_envs(self):
+        key = self.key(KeyPurpose.ENV_RESET, 0)
+        if not self.runner.jax_path:
+            return self.runner.reset(key)
+        reset = self._program(self.runner.reset, (False,), True)
+        env_shardings = self.placement.shardings(jax.eval_shape(reset, key), True)
+        # Compiled: run op by op, a brax reset takes tens of seconds and aliases buffers.
+        return self.compiler("reset", reset, key, out_shardings=env_shardings)(key)
+
+    def state_template(self):
+        """Shapes of ``(state, env_state)`` (checkpoint restore)."""
+        key = self.key(KeyPurpose.INIT, 0)
+        self._shardings_of(self.driver.init, key)
+        state = jax.eval_shape(self.driver.init, key)
+        env = None
+        if self.runner.jax_path:
+            env = jax.eval_shape(self._program(self.runner.reset, (False,), True), self.key(KeyPurpose.ENV_RESET, 0))
+        return state, env
+
+    def place(self, state, env_state):
+        """Restored numpy trees onto the devices."""
+        state = self.placement.put(jax.tree.map(jnp.asarray, state), self._axes)
+        if env_state is not None:
+            env_state = self.placement.put(jax.tree.map(jnp.asarray, env_state), True)
+        return state, env_state
+
+    # --- one iteration, one evaluation ---------------------------------------------------------
+    def step(self, state, env_state):
+        """One iteration; returns ``(state, env_state, metrics)`` (metrics as numpy ``[pop]``)."""
+        keys = (self.key(KeyPurpose.PREPARE), self.key(KeyPurpose.COLLECT), self.key(KeyPurpose.LEARN))
+        axes = self._axes
+        if self.runner.jax_path:
+            program = self._program(self._jax_iteration, (False, False, False, axes, True), (axes, True, True))
+            env_shardings = jax.tree.map(lambda x: x.sharding, env_state)
+            iteration = self.compiler("iteration", program, *keys, state, env_state, donate=(3, 4),
+                                      out_shardings=(self._state_out(), env_shardings, None))
+            state, env_state, metrics = iteration(*keys, state, env_state)
+        else:
+            metrics = {}
+            if self.local.prepare is not None:
+                prepare = self._program(self.local.prepare, (False, axes), (axes, True))
+                prepare = self.compiler("prepare", prepare, keys[0], state, donate=(1,),
+                                        out_shardings=(self._state_out(), None))
+                state, metrics = prepare(keys[0], state)
+            act = self._program(self._step_act, (False, False, axes, True), True)
+            act = self._host_act(act, state)
+            _, experience = self._host_interact(keys[1], act, state)
+            learn = self._program(self.local.learn, (False, axes, True), (axes, True))
+            learn = self.compiler("learn", learn, keys[2], state, experience, donate=(1,),
+                                  out_shardings=(self._state_out(), None))
+            state, learned = learn(keys[2], state, experience)
+            metrics = {**metrics, **learned}
+        self.iteration += 1
+        return state, env_state, {name: np.asarray(v) for name, v in metrics.items()}
+
+    def _host_act(self, act, state):
+        """The compiled acting program (compiled at its first call, when obs are known)."""
+        compiler = self.compiler
+
+        def call(key, t, actor, obs):
+            return compiler("act", act, key, t, actor, obs)(key, t, actor, obs)
+
+        return call
+
+    def _host_interact(self, key: Key, act, state):
+        interaction = self.local.interaction
+        if isinstance(interaction, Rollout):
+            return self.runner.rollout(key, act, state, None, interaction.steps)
+        ids = np.arange(self.config.pop_size if interaction.actors is None else interaction.actors)
+        return None, self.runner.episodes(key, act, state, ids, interaction.episodes)
+
+    def evaluate(self, state) -> np.ndarray:
+        """The driver's evaluation: mean deterministic return per evaluated policy (numpy)."""
+        spec, key = self.local.evaluation, self.key(KeyPurpose.EVALUATE)
+        out_axes = spec.actors is None
+        if self.runner.jax_path:
+            def evaluate(key, state):
+                return self.runner.evaluate(key, self.local.policy, state, self._actor_ids(spec), spec.episodes)
+
+            program = self.compiler("evaluate", self._program(evaluate, (False, self._axes), out_axes), key, state)
+            return np.asarray(program(key, state))
+        policy = self._program(self.local.policy, (self._axes, out_axes), out_axes)
+        compiler = self.compiler
+        compiled = lambda actor, obs: compiler("policy", policy, actor, obs)(actor, obs)
+        actors = self.config.pop_size if spec.actors is None else spec.actors
+        return np.asarray(self.runner.evaluate(key, compiled, state, np.arange(actors), spec.episodes))
+
+    def after_eval(self, state, returns: np.ndarray):
+        """The driver's compiled ``after_eval`` (global: it sees every member), then its host record."""
+        info = None
+        if self.driver.after_eval is not None:
+            key = self.key(KeyPurpose.AFTER_EVAL)
+            returns_device = jnp.asarray(returns, jnp.float32)
+            program = self.compiler("after_eval", self.driver.after_eval, key, state, returns_device, donate=(1,),
+                                    out_shardings=(self._state_out(), None))
+            state, info = program(key, state, returns_device)
+            info = jax.device_get(info)
+        return state, info
+
+    # --- the loop ------------------------------------------------------------------------------
+    def counters(self, state) -> tuple[int, int]:
+        """``(env_steps, updates)`` per member, read from the state."""
+        counters = jax.device_get(state.counters)
+        return int(counters.env_steps), int(counters.updates)
+
+    def run(self, state, env_state):
+        cfg = self.config
+        env_steps, _ = self.counters(state)
+        with TrainProgress(cfg.total_env_steps, enabled=cfg.progress, start=env_steps) as progress:
+            while env_steps < cfg.total_env_steps:
+                start, compile_before = time.perf_counter(), self.compiler.compile_s
+                before = env_steps
+                state, env_state, metrics = self.step(state, env_state)
+                env_steps, updates = self.counters(state)
+                returns = None
+                evaluated = crossed(before, env_steps, cfg.eval_interval) or env_steps >= cfg.total_env_steps
+                if evaluated:
+                    returns = self.evaluate(state)
+                    self._warn_diverged(returns, env_steps)
+                    self.history.append(returns)
+                    state, info = self.after_eval(state, returns)
+                    self.driver.host.record(state, env_steps, returns, info)
+                    progress.update_returns(returns)
+                self.wall_s += time.perf_counter() - start - (self.compiler.compile_s - compile_before)
+                rows = self.driver.host.rows(state, metrics, returns)
+                self.run_dir.append_metrics([{"env_steps": env_steps, "updates": updates,
+                                              "wall_s": round(self.wall_s, 3), **row} for row in rows])
+                if self.checkpointer is not None and (evaluated or crossed(before, env_steps,
+                                                                           cfg.checkpoint_interval)):
+                    self.save_checkpoint(state, env_state)
+                progress.advance_to(min(env_steps, cfg.total_env_steps))
+        return state
+
+    def _warn_diverged(self, returns: np.ndarray, env_steps: int) -> None:
+        newly = ~np.isfinite(returns) & (np.isfinite(self.history[-1]) if self.history else True)
+        for m in np.flatnonzero(newly):
+            # The run goes on: other members are unaffected (vmap keeps them independent), the
+            # diverged member logs NaN from here, and PBT replaces it at its next exploit.
+            warnings.warn(f"member {m} diverged (non-finite eval return) at {env_steps} env steps; "
+                          "it is logged as nan from here", RuntimeWarning, stacklevel=3)
+
+    # --- checkpoints (exact resume) -------------------------------------------------------------
+    def save_checkpoint(self, state, env_state) -> None:
+        """Everything needed to continue after this iteration (keys are re-derived from the seed)."""
+        meta = {"iteration": self.iteration, "wall_s": self.wall_s, "compile_s": self.compiler.compile_s,
+                "history": [[_json_float(v) for v in r.tolist()] for r in self.history],
+                "driver": self.driver.host.state_dict()}
+        self.checkpointer.save(self.iteration, {"state": state, "env_state": env_state}, meta)
+
+    def restore_checkpoint(self):
+        """Loads the newest usable checkpoint; returns ``(state, env_state)`` or None."""
+        state, env = self.state_template()
+        found = self.checkpointer.restore_latest({"state": state, "env_state": env})
+        if found is None:
+            return None
+        _, tree, meta = found
+        self.iteration, self.wall_s = int(meta["iteration"]), float(meta["wall_s"])
+        self.compiler.compile_s = float(meta["compile_s"])
+        self.history = [np.array([np.nan if v is None else v for v in r], np.float64) for r in meta["history"]]
+        self.driver.host.load_state_dict(meta["driver"])
+        state, env_state = self.place(tree["state"], tree["env_state"])
+        if not self.runner.jax_path:
+            # Host envs cannot be snapshotted: they start new episodes (see ``popjax.experiment.resume``).
+            env_state = self.runner.reset(self.key(KeyPurpose.ENV_RESET, self.iteration))
+        return state, env_state
+
+    # --- summary -------------------------------------------------------------------------------
+    def summary(self, state) -> dict[str, Any]:
+        cfg = self.config
+        env_steps, updates = self.counters(state)
+        final = self.history[-1] if self.history else np.full(cfg.pop_size, np.nan)
+        best = max((float(np.nanmax(r)) for r in self.history if np.isfinite(r).any()), default=float("nan"))
+        return {
+            "learner": cfg.learner, "env": cfg.env, "driver": cfg.driver, "pop_size": cfg.pop_size,
+            "seed": cfg.seed, "env_steps": env_steps, "updates": updates,
+            "wall_s": round(self.wall_s, 3), "compile_s": round(self.compiler.compile_s, 3),
+            "best_return": best, "final_returns": [float(r) for r in final],
+            **self.driver.host.summary(state),
+        }
+
+
+def crossed(before: int, after: int, interval: int) -> bool:
+    """Whether ``(before, after]`` holds a multiple of ``interval`` (never for ``interval`` 0)."""
+    return bool(interval) and after // interval > before // interval
+
+
+def _json_float(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
