@@ -219,6 +219,18 @@ class Loop:
         self.iteration += 1
         return state, env_state, {name: np.asarray(v) for name, v in metrics.items()}
 
+    def collect(self, state, env_state, iteration: int | None = None):
+        """The iteration's interaction alone (what ``bench envstep`` times): ``(env_state, experience)``.
+
+        Compiled on the JAX path (nothing donated); on the host path the envs step on the host.
+        """
+        key = self.key(KeyPurpose.COLLECT, iteration)
+        if not self.runner.jax_path:
+            act = self._host_act(self._program(self._step_act, (False, False, self._axes, True), True), state)
+            return self._host_interact(key, act, state)
+        program = self._program(self._interact, (False, self._axes, True), (True, True))
+        return self.compiler("collect", program, key, state, env_state)(key, state, env_state)
+
     def _host_act(self, act, state):
         """The compiled acting program (compiled at its first call, when obs are known)."""
         compiler = self.compiler
@@ -284,11 +296,13 @@ class Loop:
                     returns = self.evaluate(state)
                     self._warn_diverged(returns, env_steps)
                     self.history.append(returns)
+                    progress.update_returns(returns)
+                # Rows before after_eval: they show the hparams the logged returns were earned with.
+                rows = self.driver.host.rows(state, metrics, returns)
+                if evaluated:
                     state, info = self.after_eval(state, returns)
                     self.driver.host.record(state, env_steps, returns, info)
-                    progress.update_returns(returns)
                 self.wall_s += time.perf_counter() - start - (self.compiler.compile_s - compile_before)
-                rows = self.driver.host.rows(state, metrics, returns)
                 self.run_dir.append_metrics([{"env_steps": env_steps, "updates": updates,
                                               "wall_s": round(self.wall_s, 3), **row} for row in rows])
                 if self.checkpointer is not None and (evaluated or crossed(before, env_steps,

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -110,18 +113,29 @@ def test_envstep_study_fields(out):
     data = load(out / "envstep.json")
     modes = {(r["path"], r["mode"]) for r in data["results"]}
     assert modes == {("gym", "single"), ("gym", "vector"), ("probe", "vector")}
+    assert data["params"]["devices"] == [1]
     for r in data["results"]:
         assert "skipped" not in r, r
-        assert positive(r["ms_per_interaction"])
+        assert positive(r["ms_per_interaction"]) and r["devices"] == 1
         if r["mode"] == "vector":
             assert r["ms_per_member_step"] == pytest.approx(r["ms_per_interaction"] * r["envs"] / r["pop"])
+            assert r["ms_per_vector_step"] == pytest.approx(r["ms_per_interaction"] * r["envs"])
+            # The collect program (JAX path) / the acting program (host path) is compiled by the first call.
+            assert positive(r["compile_s"]) and r["first_call_s"] >= r["compile_s"]
+            assert r["timing"]["repeats"] >= 1 and r["steps_per_call"] == 5 and r["state_shards"] == 1
 
 
 def test_train_study_fields(out):
+    from popjax.loop import Compiler
+
     train.run(envs=("probe:pendulum",), pops=(2,), env_steps=120, warmup=40, rollout_len=20, batch_size=16,
               hidden=(16, 16), out_dir=out)
+    assert Compiler.call_wrapper is None  # the timing hook is removed afterwards
     (row,) = load(out / "train.json")["results"]
     assert "skipped" not in row, row
+    assert row["devices"] == 1 and row["state_shards"] == 1
+    # JAX path: one compiled "iteration" program; its first ceil(40 / 20) calls are the warm-up (collect only).
+    assert row["calls"]["iteration"]["count"] == 6 and row["warmup_calls"] == 2
     assert positive(row["env_steps_per_s"]) and positive(row["wall_s"])
     # On the JAX path the update share is (fused call - collect-only call): a difference of two timings,
     # which machine load can push to 0. Timing-derived values are checked for range, not size.
@@ -157,6 +171,64 @@ def test_cli_parses_every_study():
 def test_too_many_devices_is_a_clear_error():
     with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
         common.request_devices([len(jax.devices()) + 1])
+
+
+@pytest.mark.parametrize("study", ["update", "envstep", "train", "shared_critic"])
+def test_cli_rejects_unavailable_devices_in_one_line(study, tmp_path, capsys):
+    from popjax import cli
+
+    too_many = str(len(jax.devices()) + 1)  # JAX is initialised in this process: no more devices can appear
+    status = cli.main(["bench", study, "--devices", f"1,{too_many}", "--pop", "2", "--out", str(tmp_path)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert status == 2
+    assert len(lines) == 1 and lines[0].startswith(f"popjax bench {study}: error: --devices {too_many}"), lines
+    assert not list(tmp_path.iterdir())  # nothing measured or written
+
+
+# Tiny sizes: each study runs its points on 1 and then 2 (forced host) devices in a fresh process.
+_DEVICE_RUNS = {
+    "envstep": ["--gym", "", "--brax", "probe:pendulum", "--learner", "td3", "--steps", "5"],
+    "train": ["--env", "probe:pendulum", "--env-steps", "40", "--warmup", "20", "--rollout-len", "10",
+              "--batch-size", "8"],
+    "shared_critic": ["--batch-size", "4"],  # all three implementations (the CEM-RL order port)
+}
+
+
+@pytest.mark.parametrize("study", sorted(_DEVICE_RUNS))
+def test_cli_devices_flag_splits_the_population(study, tmp_path):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    argv = [sys.executable, "-m", "popjax.cli", "bench", study, "--pop", "2", "--devices", "1,2", "--hidden", "8",
+            "--repeats", "2", "--min-time", "0", "--out", str(tmp_path), "--no-plot", *_DEVICE_RUNS[study]]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / f"{study}.json").read_text())
+    assert data["machine"]["device_count"] == 2 and data["params"]["devices"] == [1, 2]
+    rows = data["results"]
+    assert [r["devices"] for r in rows] == [1, 2] and all(r["pop"] == 2 for r in rows)
+    for r in rows:
+        assert "skipped" not in r, r
+        # The state really is split over the devices (a replicated copy would count as 1 shard).
+        assert r["actor_shards" if study == "shared_critic" else "state_shards"] == r["devices"], r
+    text = report.write_report(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert f"## {study}" in text and "| devices |" in text and "could not summarise" not in text
+
+
+def test_populations_that_do_not_divide_over_the_devices_are_recorded_as_skipped(tmp_path, monkeypatch):
+    from popjax.bench import shared_critic
+
+    monkeypatch.setattr(common, "request_devices", lambda counts: None)  # nothing is placed: every point skips
+    payloads = {
+        "envstep": envstep.run(learners=("td3",), gym_envs=(), brax_envs=("probe:pendulum",), pops=(3,),
+                               devices=(2,), out_dir=tmp_path, plot=False),
+        "train": train.run(envs=("probe:pendulum",), pops=(3,), devices=(2,), out_dir=tmp_path, plot=False),
+        "shared_critic": shared_critic.run(pops=(3,), devices=(2,), out_dir=tmp_path, make_plot=False),
+    }
+    for study, payload in payloads.items():
+        (row,) = payload["results"]
+        assert row["pop"] == 3 and row["devices"] == 2, study
+        assert row["skipped"] == "3 members do not divide over 2 devices", study
+    text = report.write_report(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "could not summarise" not in text and text.count("skipped: 3 members do not divide") == 3
 
 
 # --- PyTorch reference == JAX learner (the baseline does the same work) ------------------------------------

@@ -12,7 +12,7 @@ from learner_helpers import assert_trees_equal, train_cut_and_resume
 
 import popjax
 from popjax.config import ConfigError
-from popjax.drivers.dvd import DvDSettings, WeightBandit, diversity_weight
+from popjax.drivers.dvd import BanditState, DvDSettings, bandit_init, bandit_step, diversity_weight
 from popjax.learners import td3
 from popjax.learners.base import adam_step
 from popjax.learners.shared_critic import (
@@ -210,34 +210,40 @@ def test_tiny_dvd_run_writes_the_run_directory(tmp_path):
     assert [round(float(rows[i]["diversity_weight"]), 6) for i in (3, 6)] == [0.3, 0.5]
     assert all(np.isfinite(float(r["diversity_loss"])) for r in rows[3:])
     assert [float(r["eval_return"]) for r in rows[-3:]] == run.summary["final_returns"]
-    assert int(run.state.env_steps) == 1800
+    assert int(run.state.counters.env_steps) * 3 == 1800  # transitions in the shared buffer
     for name in ("learning_curves.png", "dvd_diversity.png"):
         assert (tmp_path / "plots" / name).stat().st_size > 10_000
 
 
+STEP = jax.jit(bandit_step, static_argnums=(3, 4))
+
+
 def test_bandit_rewards_the_arm_played_when_the_best_return_improves():
-    bandit = WeightBandit(arms=(0.0, 0.5), random_draws=0)
+    arms = (0.0, 0.5)
+    bandit = bandit_init(len(arms))
     played = []
     for i, best in enumerate([1.0, 2.0, 2.0, 5.0, 4.0, 6.0]):
-        played.append(bandit.arm)
-        weight = bandit.observe_and_choose(jax.random.key(i), best)
-        assert weight == bandit.arms[bandit.arm]
+        played.append(int(bandit.arm))
+        bandit = STEP(jax.random.key(i), bandit, best, arms, 0)
+        assert float(bandit.weight) == arms[int(bandit.arm)]
     # evaluation i rewards the arm drawn at evaluation i-1: improved at 2, 4 and 6, not at 3 and 5
     improved = [True, False, True, False, True]
     expected_s, expected_f = [0, 0], [0, 0]
     for arm, up in zip(played[1:], improved, strict=True):
         (expected_s if up else expected_f)[arm] += 1
-    assert (bandit.successes, bandit.failures) == (expected_s, expected_f)
-    assert bandit.draws == 6 and bandit.last_best == 6.0
+    assert (bandit.successes.tolist(), bandit.failures.tolist()) == (expected_s, expected_f)
+    assert int(bandit.draws) == 6 and float(bandit.last_best) == 6.0
 
 
 def test_bandit_posterior_picks_the_arm_that_keeps_improving():
     # Beta(41, 1) against Beta(1, 41): the improving arm wins every Thompson draw
-    trained = lambda random_draws: WeightBandit(arms=(0.0, 0.5, 1.0), random_draws=random_draws,
-                                                successes=[0, 40, 0], failures=[40, 0, 40])
-    assert {trained(0).observe_and_choose(jax.random.key(k), 0.0) for k in range(20)} == {0.5}
+    arms = (0.0, 0.5, 1.0)
+    trained = BanditState(successes=jnp.array([0, 40, 0]), failures=jnp.array([40, 0, 40]), arm=jnp.int32(-1),
+                          draws=jnp.int32(0), last_best=jnp.float32(jnp.nan), weight=jnp.float32(0.0))
+    draw = lambda random_draws, k: float(STEP(jax.random.key(k), trained, 0.0, arms, random_draws).weight)
+    assert {draw(0, k) for k in range(20)} == {0.5}
     # the first ``random_draws`` draws ignore the posterior
-    assert {trained(5).observe_and_choose(jax.random.key(k), 0.0) for k in range(20)} == {0.0, 0.5, 1.0}
+    assert {draw(5, k) for k in range(20)} == {0.0, 0.5, 1.0}
 
 
 def test_tiny_dvd_run_with_the_bandit_logs_its_draws(tmp_path):
@@ -247,7 +253,7 @@ def test_tiny_dvd_run_with_the_bandit_logs_its_draws(tmp_path):
     # 3 evaluations: the first only draws, the next two reward the arm played before them
     assert bandit["draws"] == 3 and sum(bandit["successes"]) + sum(bandit["failures"]) == 2
     assert bandit["last_best"] == max(run.summary["final_returns"])
-    assert float(run.state.bandit_weight) == pytest.approx([0.0, 0.7][bandit["arm"]])
+    assert float(run.state.bandit.weight) == pytest.approx([0.0, 0.7][bandit["arm"]])
     with (tmp_path / "metrics.csv").open() as f:
         weights = [float(r["diversity_weight"]) for r in csv.DictReader(f)]
     assert all(w in (0.0, pytest.approx(0.7)) for w in weights[3:])

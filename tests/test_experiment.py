@@ -88,11 +88,13 @@ def test_tensorboard_logs_every_member_eval_return(tiny_run):
 
 def test_a_diverged_member_is_reported_and_logged_as_nan(tiny_run, tmp_path):
     from popjax.config import make_config
-    from popjax.experiment import Trainer, build
+    from popjax.experiment import build
     from popjax.rundir import RunDir
 
-    trainer = Trainer(build(make_config(**TINY)), RunDir(tmp_path))
+    loop = build(make_config(**TINY))
+    returns = np.array([-100.0, np.nan])
     with pytest.warns(RuntimeWarning, match="member 1 diverged"):
-        trainer._log_eval(tiny_run.state, np.array([-100.0, np.nan]), {})
+        loop._warn_diverged(returns, 600)
+    RunDir(tmp_path).append_metrics(loop.driver.host.rows(tiny_run.state, {}, returns))
     rows = RunDir(tmp_path).read_metrics()
     assert rows[0]["eval_return"] == -100.0 and np.isnan(rows[1]["eval_return"])

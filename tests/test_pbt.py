@@ -12,13 +12,18 @@ import numpy as np
 import pytest
 
 from popjax.config import ConfigError
+from popjax.drivers.base import Counters
 from popjax.drivers.pbt import (
     PBTConfig,
-    PBTDriver,
+    PBTHost,
+    PBTState,
     exploit_and_explore,
     initial_hparams,
+    initial_record,
     parse_pbt_config,
+    pbt_after_eval,
     perturb_value,
+    window_fitness,
 )
 from popjax.envs.registry import make_jax_env
 from popjax.learners import dqn, sac, td3
@@ -235,77 +240,94 @@ def test_good_pbt_config_is_resolved():
                             total_env_steps=100_000, eval_interval=5_000).interval == 10_000
 
 
-def test_no_retrace_after_exploit():
-    """The vmapped update is traced once although PBT changed every hparam value (incl. int32 delay)."""
-    from popjax.buffers import BufferState, make_uniform_buffer
-    from popjax.drivers.population import PopState, make_population
-    from popjax.types import Transition
+def counted_td3(monkeypatch) -> list:
+    """Replaces the registered TD3 by one whose ``update`` appends to the returned list when traced."""
+    import dataclasses
+
+    from popjax.learners import LEARNERS
 
     traces = []
+    definition = LEARNERS["td3"]
 
-    def update(key, state, batch, hp):
-        traces.append(1)
-        return LEARNER.update(key, state, batch, hp)
+    def make(config, spec):
+        learner = definition.make(config, spec)
+        inner = learner.update
 
-    learner = LEARNER._replace(update=update)
-    pop = make_population(learner, make_uniform_buffer(64, 8), SPEC, 8, updates_per_iter=2)
-    learner_state, hp = population(8)  # shared with the test above (lru_cache): no extra init compile
-    obs = jax.random.normal(jax.random.key(0), (8, 64) + SPEC.obs_shape)
-    data = Transition(obs, jnp.zeros((8, 64, 1)), jnp.ones((8, 64)), obs, jnp.zeros((8, 64)))
-    full = jnp.full((8,), 64, jnp.int32)
-    state = PopState(learner=jax.tree.map(jnp.copy, learner_state),
-                     buffer=BufferState(data=data, insert_pos=jnp.zeros((8,), jnp.int32), size=full),
-                     hparams=jax.tree.map(jnp.copy, hp))  # copies: the driver donates what it replaces
-    train = jax.jit(pop.train)
-    driver = PBTDriver(PBTConfig(interval=1, quantile=0.25, search_space=TD3_SPACE), 8, total_env_steps=100)
-    for i in range(1, 4):
-        state, _ = train(jax.random.key(i), state)
+        def update(*args):
+            traces.append(1)
+            return inner(*args)
+
+        return learner._replace(update=update)
+
+    monkeypatch.setitem(LEARNERS, "td3", dataclasses.replace(definition, make=make))
+    return traces
+
+
+def test_no_retrace_after_exploit(monkeypatch):
+    """The iteration is traced once although PBT changed every hparam value (incl. int32 delay)."""
+    from popjax.config import make_config
+    from popjax.experiment import build
+
+    traces = counted_td3(monkeypatch)
+    loop = build(make_config(learner="td3", env="probe:pendulum", driver="pbt", pop_size=8, total_env_steps=100,
+                             warmup_steps=0, rollout_len=2, eval_interval=2, batch_size=8, buffer_size=64,
+                             learner_config={"hidden": [8, 8]}, pbt={"interval": 1, "quantile": 0.25},
+                             progress=False))
+    state, env_state = loop.initial_state()
+    hp = jax.tree.map(np.asarray, state.hparams)
+    for _ in range(3):
+        state, env_state, _ = loop.step(state, env_state)
         before = hparams_table(state.hparams)
-        state = driver.after_eval(jax.random.key(10 + i), state, jnp.arange(8.0), i)
-        assert hparams_table(state.hparams) != before
-    state, _ = train(jax.random.key(9), state)
-    assert len(traces) == 1 and driver.trace_count == 1 and driver.rounds == 3
+        state, info = loop.after_eval(state, np.arange(8.0))
+        assert info["ready"] and hparams_table(state.hparams) != before
+    state, env_state, _ = loop.step(state, env_state)
+    assert len(traces) == 1 and loop.compiler.traces["iteration"] == 1 and loop.compiler.traces["after_eval"] == 1
+    assert int(state.pbt.rounds) == 3
     assert jax.tree.map(lambda x: x.dtype, state.hparams) == jax.tree.map(lambda x: x.dtype, hp)
     assert int(state.learner.steps.min()) >= 2  # members trained between exploits
 
 
 def test_driver_readiness_fitness_window_and_lineage():
-    state, hp = toy_population(4)
-    from popjax.drivers.population import PopState
-
-    pstate = PopState(learner=state, buffer={"x": jnp.zeros((4, 2))}, hparams=hp)
+    toy, hp = toy_population(4)
     config = PBTConfig(interval=200, quantile=0.25, fitness_window=2, search_space=TD3_SPACE)
-    driver = PBTDriver(config, 4, total_env_steps=600)
+    after_eval = jax.jit(pbt_after_eval, static_argnums=(3, 4))
+    host = PBTHost()
+    state = PBTState(learner=toy, buffer={"x": jnp.zeros((4, 2))}, hparams=hp, counters=Counters.zeros(),
+                     pbt=initial_record(2, 4))
     evals = {100: [0.0, 5.0, 1.0, 9.0], 200: [10.0, 5.0, 2.0, -1.0], 300: [0, 0, 0, 0],
              400: [3.0, 1.0, 8.0, 8.0], 500: [3.0, 1.0, 8.0, 8.0], 600: [0, 0, 0, 0]}
     snapshots = {}
     for steps, returns in evals.items():
-        before = jax.tree.map(np.array, pstate)  # host copy: the driver donates the state it replaces
-        pstate = driver.after_eval(jax.random.key(steps), pstate, jnp.asarray(returns), steps)
-        snapshots[steps] = (before, jax.tree.map(np.array, pstate))
+        state = state.replace(counters=Counters(env_steps=jnp.int32(steps), updates=jnp.int32(0)))
+        before = jax.tree.map(np.array, state)  # host copy: after_eval donates the state it replaces
+        state, info = after_eval(jax.random.key(steps), state, jnp.asarray(returns, jnp.float32), config, 600)
+        host.record(state, steps, np.asarray(returns), jax.device_get(info))
+        snapshots[steps] = (before, jax.tree.map(np.array, state))
         if steps == 200:  # the loser's window restarts
-            assert driver.count.tolist() == [2, 2, 0, 2]
+            assert state.pbt.count.tolist() == [2, 2, 0, 2]
     # ready at 200 and 400 (every 200 env steps); not at 600 = the end of training
-    assert [e["env_steps"] for e in driver.lineage] == [200, 400]
-    first, second = driver.lineage
+    assert [e["env_steps"] for e in host.lineage] == [200, 400] and int(state.pbt.rounds) == 2
+    first, second = host.lineage
     # at 200, fitness = mean of the last 2 evals = [5, 5, 1.5, 4]: member 2 loses; 0 and 1 tie, 0 ranks higher
     assert (first["member"], first["parent"], first["fitness"], first["parent_fitness"]) == (2, 0, 1.5, 5.0)
     # at 400: [1.5, 0.5, 4, 4] (member 2 counts only its evals since its exploit: 0 and 8)
     assert (second["member"], second["parent"]) == (1, 2)
     assert (second["fitness"], second["parent_fitness"]) == (0.5, 4.0)
-    for entry in driver.lineage:
+    for entry in host.lineage:
         before, after = snapshots[entry["env_steps"]]
         m, p = entry["member"], entry["parent"]
         assert entry["old_hparams"] == {n: v[m] for n, v in hparams_table(before.hparams).items()}
         assert entry["new_hparams"] == {n: v[m] for n, v in hparams_table(after.hparams).items()}
         assert_same_member(after.learner, m, before.learner, p)
-    json.dumps(driver.state_dict(), allow_nan=False)  # strict JSON
+    # after 600: windows [3, 1, 8, 8] and [0, 0, 0, 0], every member with >= 2 evaluations since its exploit
+    assert state.pbt.count.tolist() == [6, 2, 4, 6]
+    np.testing.assert_array_equal(window_fitness(state.pbt.window, state.pbt.count), [1.5, 0.5, 4.0, 4.0])
+    json.dumps(host.summary(state), allow_nan=False)  # strict JSON
 
-    # a restored driver continues identically
-    clone = PBTDriver(config, 4, total_env_steps=600)
-    clone.load_state_dict(json.loads(json.dumps(driver.state_dict())))
-    assert clone.state_dict() == driver.state_dict()
-    np.testing.assert_array_equal(clone.fitness(), driver.fitness())
+    # a restored host continues identically
+    clone = PBTHost()
+    clone.load_state_dict(json.loads(json.dumps(host.state_dict())))
+    assert clone.state_dict() == host.state_dict() and clone.summary(state) == host.summary(state)
 
 
 # --- end to end in the training loop ----------------------------------------------------------

@@ -5,10 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from popjax.buffers import make_uniform_buffer
-from popjax.drivers.population import make_population
-from popjax.learners import td3
+from popjax.config import make_config
+from popjax.drivers.base import BuildContext
+from popjax.drivers.independent import make_population
+from popjax.envs.runner import Experience
+from popjax.learners import LEARNERS, td3
 from popjax.population import tree
 from popjax.population.hparams import population_hparams
+from popjax.population.members import Members
 from popjax.types import EnvSpec, Transition
 
 SPEC = EnvSpec("test", (3,), action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
@@ -17,27 +21,36 @@ POP, K = 3, 4
 
 
 def filled_population(learner, pop_size=POP):
-    buffer = make_uniform_buffer(64, CONFIG.batch_size)
-    population = make_population(learner, buffer, SPEC, pop_size, K)
-    hp = population_hparams(td3.default_hparams(), pop_size,
-                             {"actor_lr": [1e-3, 3e-4, 0.0][:pop_size], "policy_delay": [1, 2, 3][:pop_size]})
-    state = population.init(jax.random.key(0), hp)
-    k = jax.random.split(jax.random.key(1), 4)
+    """The independent driver of ``learner`` (K steps per learn), its state and a rollout of 32 steps.
+
+    ``learn`` adds the rollout to the members' buffers, then trains (no warm-up)."""
     n = 32
+    buffer = make_uniform_buffer(64, CONFIG.batch_size)
+    config = make_config(learner="td3", env="probe:pendulum", pop_size=pop_size, rollout_len=n, update_ratio=K / n,
+                         warmup_steps=0, batch_size=CONFIG.batch_size, buffer_size=64, progress=False)
+    hp = population_hparams(td3.default_hparams(), pop_size,
+                            {"actor_lr": [1e-3, 3e-4, 0.0][:pop_size], "policy_delay": [1, 2, 3][:pop_size]})
+    ctx = BuildContext(config=config, spec=SPEC, learner_def=LEARNERS["td3"], learner_config=CONFIG, learner=learner,
+                       hparams=hp, members=Members(pop_size), setup_key=jax.random.key(9))
+    population = make_population(ctx)
+    state = population.init(jax.random.key(0))
+    k = jax.random.split(jax.random.key(1), 4)
     items = Transition(obs=jax.random.normal(k[0], (pop_size, n, 3)),
                        action=jax.random.uniform(k[1], (pop_size, n, 2), minval=-1, maxval=1),
                        reward=jax.random.normal(k[2], (pop_size, n)),
                        next_obs=jax.random.normal(k[3], (pop_size, n, 3)),
                        terminated=(jnp.arange(pop_size * n).reshape(pop_size, n) % 7 == 0).astype(jnp.float32))
-    return population, population.add(state, items), buffer
+    return population, state, Experience(items, jnp.zeros(pop_size), jnp.zeros(pop_size)), buffer
 
 
 def test_population_train_equals_each_member_trained_alone():
     learner = td3.make_td3(CONFIG, SPEC)
-    population, state, buffer = filled_population(learner)
+    population, state, rollout, buffer = filled_population(learner)
     key = jax.random.key(7)
-    new_state, metrics = jax.jit(population.train)(key, state)
+    new_state, metrics = jax.jit(population.learn)(key, state, rollout)
     assert metrics["critic_loss"].shape == (POP,)
+    assert int(new_state.counters.env_steps) == 32 and int(new_state.counters.updates) == K
+    state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, rollout.transitions))  # what learn trains on
 
     # Reference: replay the same key schedule member by member, one update per call.
     step_keys = jax.random.split(key, K)
@@ -67,15 +80,15 @@ def test_population_step_traces_once_across_hparam_changes():
         return base.update(*args)
 
     learner = base._replace(update=counting_update)
-    population, state, _ = filled_population(learner)
-    train = jax.jit(population.train)
-    state, _ = train(jax.random.key(0), state)
+    population, state, rollout, _ = filled_population(learner)
+    train = jax.jit(population.learn)
+    state, _ = train(jax.random.key(0), state, rollout)
     n_after_first = len(traces)
     # A PBT-style change of every hparam value (same dtypes) must not recompile.
     hp = state.hparams.replace(actor_lr=state.hparams.actor_lr * 2, discount=jnp.full((POP,), 0.9, jnp.float32),
                                policy_delay=jnp.array([3, 1, 2], jnp.int32))
-    state, _ = train(jax.random.key(1), state.replace(hparams=hp))
-    state, _ = train(jax.random.key(2), state)
+    state, _ = train(jax.random.key(1), state.replace(hparams=hp), rollout)
+    state, _ = train(jax.random.key(2), state, rollout)
     assert n_after_first >= 1
     assert len(traces) == n_after_first
     assert train._cache_size() == 1

@@ -32,14 +32,15 @@ import json, sys, time
 import jax
 jax.config.update("jax_compilation_cache_dir", sys.argv[3])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-import popjax.experiment as experiment
+import popjax
+from popjax.loop import Loop
 
-step = experiment.Trainer.step
+step = Loop.step
 def slow_step(self, *args):  # slow enough to be killed mid-run
     time.sleep(0.05)
     return step(self, *args)
-experiment.Trainer.step = slow_step
-experiment.train(out_dir=sys.argv[1], **json.loads(sys.argv[2]))
+Loop.step = slow_step
+popjax.train(out_dir=sys.argv[1], **json.loads(sys.argv[2]))
 """
 
 

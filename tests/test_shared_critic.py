@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from popjax.bench.cemrl_order import make_sequential_order
 from popjax.learners import td3
 from popjax.learners.base import adam_step
 from popjax.learners.shared_critic import from_member_states, make_shared_critic_td3
@@ -27,6 +28,8 @@ JIT = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_lev
 SINGLE = td3.make_td3(CONFIG, SPEC)
 SHARED1 = make_shared_critic_td3(CONFIG, SPEC, 1)
 SHARED = make_shared_critic_td3(CONFIG, SPEC, POP)
+SEQUENTIAL1 = make_sequential_order(SHARED1, CONFIG.hidden, SPEC.action_dim)  # the CEM-RL order (reference)
+SEQUENTIAL = make_sequential_order(SHARED, CONFIG.hidden, SPEC.action_dim)
 TRACES = []
 
 
@@ -174,7 +177,7 @@ def test_sequential_reference_counts_and_one_step_equivalence():
     hp1 = population_hparams(td3.default_hparams(), 1, {"policy_delay": 1})
     state1 = initial_state(hp1, seed=4)
     b1, keys1 = batches(11, (1, 1, CONFIG.batch_size)), step_keys(12, (1, 1))
-    seq, _ = JIT(SHARED1.sequential_update)(keys1, state1, b1, hp1)
+    seq, _ = JIT(SEQUENTIAL1.update)(keys1, state1, b1, hp1)
     vec, _ = SHARED1_UPDATE(keys1[0], state1, tree.member(b1, 0), hp1)
     assert_trees_close(seq, vec)
 
@@ -183,7 +186,7 @@ def test_sequential_reference_counts_and_one_step_equivalence():
     hp = population_hparams(td3.default_hparams(), POP, {"policy_delay": 1})
     state = trained_state(hp)
     b, keys = batches(13, (K, POP, CONFIG.batch_size)), step_keys(14, (K, POP))
-    seq, seq_metrics = JIT(SHARED.sequential_update)(keys, state, b, hp)
+    seq, seq_metrics = JIT(SEQUENTIAL.update)(keys, state, b, hp)
     vec, _ = TRAIN(keys, state, b, hp)
     for s in (seq, vec):
         assert int(s.steps) == 2 * K
@@ -204,8 +207,8 @@ def test_interleaved_sequential_order_has_the_same_update_counts():
     hp = population_hparams(td3.default_hparams(), POP, {"policy_delay": 1})
     state = initial_state(hp)
     b, keys = batches(15, (K, POP, CONFIG.batch_size)), step_keys(16, (K, POP))
-    inter, metrics = JIT(functools.partial(SHARED.sequential_update, interleave=True))(keys, state, b, hp)
-    block, _ = JIT(SHARED.sequential_update)(keys, state, b, hp)
+    inter, metrics = JIT(functools.partial(SEQUENTIAL.update, interleave=True))(keys, state, b, hp)
+    block, _ = JIT(SEQUENTIAL.update)(keys, state, b, hp)
     assert int(inter.critic_opt.count) == K
     np.testing.assert_array_equal(inter.actor_opt.count, [K] * POP)
     assert np.isfinite(metrics["member_critic_loss"]).all()

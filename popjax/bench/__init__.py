@@ -17,15 +17,16 @@ device description, library versions, load averages) and ``<out>/<study>.png``;
 - ``report``: regenerate ``benchmarks/RESULTS.md`` from the JSON results.
 
 ``--devices 1,2`` splits the population over 1 and then 2 devices (on a CPU, host devices
-are forced through ``jax_num_cpu_devices`` before JAX starts).
+are forced through ``jax_num_cpu_devices`` before JAX starts); every result row records its
+``devices`` (every study honours the flag; ``envstep``'s ``single`` rows and the sequential
+baselines of ``update`` and ``shared_critic`` run on one device). Asking for more devices than
+JAX can provide is a one-line error (exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
-from typing import Any
 
 STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "report")
 
@@ -116,15 +117,22 @@ _EXTRA: dict[str, tuple] = {
         (("--warmup",), {"type": int, "default": 500, "help": "random warm-up env steps per member"}),
         (("--rollout-len",), {"type": int, "default": 50, "help": "env steps per env per iteration (K)"}),
     ),
+    "shared_critic": (
+        (("--hidden",), {"default": None, "help": "hidden sizes (default 256,256)"}),
+        (("--batch-size",), {"type": int, "default": None, "help": "batch size per member (default 256)"}),
+        (
+            ("--impl",),
+            {
+                "default": "vectorized,sequential,sequential_loop",
+                "help": "comma-separated subset of vectorized,sequential,sequential_loop",
+            },
+        ),
+    ),
 }
 
 
 def _module(study: str):
     return importlib.import_module(f"popjax.bench.{study}")
-
-
-def _has_module(study: str) -> bool:
-    return importlib.util.find_spec(f"popjax.bench.{study}") is not None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -172,31 +180,9 @@ def main(args: argparse.Namespace) -> int:
         path = report.write_report(args.results, args.output)
         print(f"wrote {path}")
         return 0
-    if study == "shared_critic":
-        return run_shared_critic(args)
     try:
         _module(study).main(args)
     except ValueError as err:  # bad option values (device count, lists): one line, no traceback
         print(f"popjax bench {study}: error: {err}")
         return 2
-    return 0
-
-
-def run_shared_critic(args: argparse.Namespace) -> int:
-    """Calls ``popjax.bench.shared_critic.run(pops=..., out_dir=...)`` when that module exists
-    (plus the common options its ``run`` accepts: repeats, min_time, k, seed, plotting)."""
-    if not _has_module("shared_critic"):
-        print("popjax bench shared_critic: skipped: popjax/bench/shared_critic.py is not in this tree yet")
-        return 0
-    import inspect
-
-    from popjax.bench import common
-
-    module: Any = _module("shared_critic")
-    accepted = inspect.signature(module.run).parameters
-    options = {"repeats": args.repeats, "min_time": args.min_time, "seed": args.seed, "make_plot": not args.no_plot}
-    if args.k is not None:
-        options["k"] = args.k
-    options = {name: value for name, value in options.items() if name in accepted}
-    module.run(pops=common.parse_int_list(args.pop), out_dir=args.out, **options)
     return 0

@@ -309,6 +309,19 @@ def place(tree: Any, devices: int, axis: int = 0) -> Any:
     return block(jax.tree.map(lambda x: jax.device_put(x, sharding), tree))
 
 
+def shards(tree: Any) -> int:
+    """The most pieces any array leaf of ``tree`` is split into over devices (1: nothing is split).
+
+    A replicated leaf counts 1 however many devices hold it: this shows whether a population
+    state really is split over the devices, not merely copied to them.
+    """
+    most = 1
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            most = max(most, len({repr(shard.index) for shard in leaf.addressable_shards}))
+    return most
+
+
 def parse_int_list(text: str | Sequence[int]) -> list[int]:
     if not isinstance(text, str):
         return [int(x) for x in text]

@@ -6,16 +6,22 @@ Host path (gymnasium MuJoCo v5, ``gym:<id>``):
   actor, hidden 256x256), one action per call: the paper's Table 2 setting ("Xeon, JAX-jitted
   policy"); ``env_only`` is the same loop with a fixed action (no policy call), to separate
   the policy's share;
-- ``vector``: popjax's ``HostCollector`` (what ``popjax train`` runs): a ``HostVecEnv`` of
-  ``pop * envs_per_member`` envs and one jitted, vmapped population ``act`` per step,
-  transitions stacked into the population layout.
+- ``vector``: what ``popjax train`` runs: the interaction of one training iteration,
+  ``popjax.loop.Loop.collect`` (``HostRunner``: ``pop * envs_per_member`` gymnasium envs and
+  one compiled population ``act`` per step, transitions stacked into the population layout).
 
-JAX path (brax, ``brax:<name>``, popjax's default backend): popjax's ``JaxCollector``, a
-jitted ``lax.scan`` of ``steps`` vmapped env steps with the population policy, adding the
-transitions to the members' replay buffers (also what ``popjax train`` runs).
+JAX path (brax, ``brax:<name>``, popjax's default backend; ``probe:<name>``): the same
+``Loop.collect``, here one compiled call (``JaxRunner``: a ``lax.scan`` of ``steps`` vmapped
+env steps with the population policy). Adding the transitions to the replay buffers belongs
+to the ``learn`` stage and is not timed.
+
+The population is built as ``popjax train`` builds it (``popjax.experiment.build``, the
+independent driver, no warm-up so the learner's exploration policy acts); with ``--devices d``
+its state is split over ``d`` devices (``state_shards`` records into how many pieces).
 
 Reported: ms per call, per env interaction (one env stepped once) and per member step
-(all of a member's envs stepped once).
+(all of a member's envs stepped once); ``compile_s`` (the acting / collect program) and
+``first_call_s`` (first call, compilation included) apart from the timed calls.
 """
 
 from __future__ import annotations
@@ -41,15 +47,47 @@ def _learner(name: str, spec, hidden):
     return definition.make(config, spec), definition.default_hparams(config)
 
 
-def _population(name: str, spec, hidden, pop: int, seed: int):
-    from popjax.buffers import make_uniform_buffer
-    from popjax.drivers.population import make_population
-    from popjax.population.tree import broadcast
+def _loop(env: str, learner_name: str, hidden, pop: int, envs_per_member: int, steps: int, devices: int,
+          seed: int):
+    """The ``popjax.loop.Loop`` of ``popjax train`` for this population (one iteration = ``steps`` steps)."""
+    from popjax.config import make_config
+    from popjax.experiment import build
 
-    learner, hp1 = _learner(name, spec, hidden)
-    population = make_population(learner, make_uniform_buffer(1_000, 32), spec, pop, 1)
-    state = jax.jit(population.init)(jax.random.key(seed), jax.tree.map(np.asarray, broadcast(hp1, pop)))
-    return population, state
+    per_iteration = steps * envs_per_member
+    config = make_config(learner=learner_name, env=env, pop_size=pop, envs_per_member=envs_per_member,
+                         rollout_len=steps, warmup_steps=0, total_env_steps=2 * per_iteration,
+                         buffer_size=per_iteration, batch_size=min(32, per_iteration),
+                         learner_config={"hidden": list(hidden or (256, 256))}, eval_episodes=1, seed=seed,
+                         progress=False, devices=devices)
+    return build(config)
+
+
+def _time_collect(loop, pop: int, envs_per_member: int, steps: int, opts) -> dict[str, Any]:
+    """Times ``loop.collect`` (the env state of each call feeds the next); compilation booked apart."""
+    state, env_state = loop.initial_state()
+    holder = {"env_state": env_state, "iteration": 0}
+
+    def call():
+        holder["iteration"] += 1
+        holder["env_state"], experience = loop.collect(state, holder["env_state"], holder["iteration"])
+        return holder["env_state"], experience
+
+    compile_before = loop.compiler.compile_s
+    start = time.perf_counter()
+    common.block(call())
+    first_s = time.perf_counter() - start
+    timing = common.time_calls(call, warmup=1, min_repeats=max(2, opts.repeats // 2), min_time=opts.min_time)
+    n = pop * envs_per_member
+    return {
+        "compile_s": loop.compiler.compile_s - compile_before,
+        "first_call_s": first_s,
+        "steps_per_call": steps,
+        "timing": timing,
+        "ms_per_vector_step": 1e3 * timing["median_s"] / steps,
+        "ms_per_interaction": 1e3 * timing["median_s"] / steps / n,
+        "ms_per_member_step": 1e3 * timing["median_s"] / steps / pop,
+        "state_shards": common.shards(state),
+    }
 
 
 def gym_single(env_id: str, learner_name: str, hidden, steps: int, opts) -> dict[str, Any]:
@@ -99,73 +137,23 @@ def gym_single(env_id: str, learner_name: str, hidden, steps: int, opts) -> dict
 
 
 def gym_vector(
-    env_id: str, learner_name: str, hidden, pop: int, envs_per_member: int, steps: int, opts
+    env_id: str, learner_name: str, hidden, pop: int, envs_per_member: int, steps: int, opts, devices: int = 1
 ) -> dict[str, Any]:
-    """popjax's HostCollector: pop*envs gymnasium envs, one jitted population ``act`` per step."""
-    from popjax.drivers.collect import HostCollector
-    from popjax.envs.registry import make_host_env
-
-    name = f"gym:{env_id}"
-    env = make_host_env(name, pop * envs_per_member, opts.seed)
-    population, state = _population(learner_name, env.spec, hidden, pop, opts.seed)
-    collector = HostCollector(
-        population, env, lambda n: make_host_env(name, n, opts.seed), envs_per_member, steps
-    )
-    collector.reset(jax.random.key(0))
-    start = time.perf_counter()
-    common.block(collector.collect(jax.random.key(1), state, explore=True))
-    first_s = time.perf_counter() - start
-    calls = [0]
-
-    def call():
-        calls[0] += 1
-        return collector.collect(jax.random.key(calls[0]), state, explore=True)
-
-    timing = common.time_calls(call, warmup=1, min_repeats=max(2, opts.repeats // 2), min_time=opts.min_time)
-    collector.close()
-    n = pop * envs_per_member
-    return {
-        "first_call_s": first_s,
-        "steps_per_call": steps,
-        "timing": timing,
-        "ms_per_vector_step": 1e3 * timing["median_s"] / steps,
-        "ms_per_interaction": 1e3 * timing["median_s"] / steps / n,
-        "ms_per_member_step": 1e3 * timing["median_s"] / steps / pop,
-    }
+    """``Loop.collect`` on the host path: pop*envs gymnasium envs, one compiled population ``act`` per step."""
+    loop = _loop(f"gym:{env_id}", learner_name, hidden, pop, envs_per_member, steps, devices, opts.seed)
+    try:
+        return _time_collect(loop, pop, envs_per_member, steps, opts)
+    finally:
+        loop.runner.close()
 
 
 def brax_vector(
-    env_name: str, learner_name: str, hidden, pop: int, envs_per_member: int, steps: int, opts
+    env_name: str, learner_name: str, hidden, pop: int, envs_per_member: int, steps: int, opts, devices: int = 1
 ) -> dict[str, Any]:
-    """popjax's JaxCollector: a jitted scan of ``steps`` vmapped brax steps with the population policy."""
-    from popjax.drivers.collect import JaxCollector
-    from popjax.envs.base import make_vec_env
-    from popjax.envs.registry import make_jax_env
-
-    vec_env = make_vec_env(make_jax_env(env_name if ":" in env_name else f"brax:{env_name}"))
-    population, state = _population(learner_name, vec_env.spec, hidden, pop, opts.seed)
-    collector = JaxCollector(population, vec_env, envs_per_member, steps)
-    env_state = jax.jit(collector.reset)(jax.random.key(opts.seed))
-    collect = lambda key, state, env_state: collector.collect(key, state, env_state, True)
-    compiled, compile_times = common.compile_timed(collect, jax.random.key(0), state, env_state)
-    holder = {"env_state": env_state}
-    calls = [0]
-
-    def call():
-        calls[0] += 1
-        _, holder["env_state"], stats = compiled(jax.random.key(calls[0]), state, holder["env_state"])
-        return holder["env_state"], stats
-
-    timing = common.time_calls(call, warmup=1, min_repeats=max(2, opts.repeats // 2), min_time=opts.min_time)
-    n = pop * envs_per_member
-    return {
-        "compile_s": compile_times["compile_s"],
-        "steps_per_call": steps,
-        "timing": timing,
-        "ms_per_vector_step": 1e3 * timing["median_s"] / steps,
-        "ms_per_interaction": 1e3 * timing["median_s"] / steps / n,
-        "ms_per_member_step": 1e3 * timing["median_s"] / steps / pop,
-    }
+    """``Loop.collect`` on the JAX path: one compiled scan of ``steps`` vmapped env steps with the population policy."""
+    env = env_name if ":" in env_name else f"brax:{env_name}"
+    loop = _loop(env, learner_name, hidden, pop, envs_per_member, steps, devices, opts.seed)
+    return _time_collect(loop, pop, envs_per_member, steps, opts)
 
 
 def run(
@@ -173,6 +161,7 @@ def run(
     gym_envs=("HalfCheetah-v5",),
     brax_envs=("halfcheetah",),
     pops=(1, 4, 16),
+    devices=(1,),
     envs_per_member=1,
     steps=200,
     hidden=None,
@@ -182,84 +171,64 @@ def run(
     seed=0,
     plot=True,
 ) -> dict[str, Any]:
+    """Runs the study and writes ``<out_dir>/envstep.json`` (and ``.png``); returns the payload.
+
+    ``devices``: device counts the population of the ``vector`` rows is split over (one row per
+    count; a population that does not divide is recorded as skipped). ``single`` rows run once,
+    on one device.
+    """
+    devices = list(devices)
+    common.request_devices(devices)
     opts = argparse.Namespace(repeats=repeats, min_time=min_time, seed=seed)
     started = common.utc_now()
     load_before = common.load_average()
     results, notes = [], []
 
-    def attempt(row: dict[str, Any], fn, *args):
-        try:
-            row.update(fn(*args))
-            log(
-                f"  {row['path']:4s} {row['env']:16s} {row['mode']:6s} {row['learner']} N={row['pop']:3d}: "
-                f"{row['ms_per_interaction']:.4f} ms/interaction"
-            )
-        except Exception as err:  # noqa: BLE001 - record and continue: one missing env must not lose the study
-            row["skipped"] = f"{type(err).__name__}: {err}"
-            log(f"  {row['path']} {row['env']} {row['mode']} N={row['pop']}: skipped ({row['skipped']})")
+    def attempt(row: dict[str, Any], fn, *args, **kwargs):
+        where = f"{row['path']} {row['env']} {row['mode']} {row['learner']} N={row['pop']} d={row['devices']}"
+        if row["pop"] % row["devices"]:
+            row["skipped"] = f"{row['pop']} members do not divide over {row['devices']} devices"
+        else:
+            try:
+                row.update(fn(*args, **kwargs))
+                log(f"  {where}: {row['ms_per_interaction']:.4f} ms/interaction")
+            except Exception as err:  # noqa: BLE001 - record and continue: one missing env must not lose the study
+                row["skipped"] = f"{type(err).__name__}: {err}"
+        if "skipped" in row:
+            log(f"  {where}: skipped ({row['skipped']})")
         results.append(row)
+
+    def vector_row(path: str, env: str, pop: int, d: int) -> dict[str, Any]:
+        return {"path": path, "env": env, "mode": "vector", "learner": learners[0], "pop": pop,
+                "envs": pop * envs_per_member, "devices": d}
 
     for env_id in gym_envs:
         for name in learners:
-            attempt(
-                {"path": "gym", "env": env_id, "mode": "single", "learner": name, "pop": 1, "envs": 1},
-                gym_single,
-                env_id,
-                name,
-                hidden,
-                steps,
-                opts,
-            )
-        for pop in pops:
-            attempt(
-                {
-                    "path": "gym",
-                    "env": env_id,
-                    "mode": "vector",
-                    "learner": learners[0],
-                    "pop": pop,
-                    "envs": pop * envs_per_member,
-                },
-                gym_vector,
-                env_id,
-                learners[0],
-                hidden,
-                pop,
-                envs_per_member,
-                steps,
-                opts,
-            )
+            attempt({"path": "gym", "env": env_id, "mode": "single", "learner": name, "pop": 1, "envs": 1,
+                     "devices": 1}, gym_single, env_id, name, hidden, steps, opts)
+        for d in devices:
+            for pop in pops:
+                attempt(vector_row("gym", env_id, pop, d), gym_vector, env_id, learners[0], hidden, pop,
+                        envs_per_member, steps, opts, devices=d)
     for env_name in brax_envs:
-        for pop in pops:
-            attempt(
-                {
-                    "path": env_name.split(":")[0] if ":" in env_name else "brax",
-                    "env": env_name,
-                    "mode": "vector",
-                    "learner": learners[0],
-                    "pop": pop,
-                    "envs": pop * envs_per_member,
-                },
-                brax_vector,
-                env_name,
-                learners[0],
-                hidden,
-                pop,
-                envs_per_member,
-                steps,
-                opts,
-            )
+        path = env_name.split(":")[0] if ":" in env_name else "brax"
+        for d in devices:
+            for pop in pops:
+                attempt(vector_row(path, env_name, pop, d), brax_vector, env_name, learners[0], hidden, pop,
+                        envs_per_member, steps, opts, devices=d)
     params = {
         "learners": list(learners),
         "gym_envs": list(gym_envs),
         "brax_envs": list(brax_envs),
         "pops": list(pops),
+        "devices": devices,
         "envs_per_member": envs_per_member,
         "steps_per_call": steps,
         "hidden": list(hidden or (256, 256)),
         "repeats": repeats,
         "min_time_s": min_time,
         "seed": seed,
+        "timed": "popjax.loop.Loop.collect: one iteration's env interaction (no replay-buffer add)",
     }
     try:
         from popjax.envs.brax import DEFAULT_BACKEND
@@ -286,9 +255,10 @@ def plot_envstep(payload: dict[str, Any], path) -> Any:
     axes[0].set_xticks(range(len(single)), labels, fontsize=6, rotation=45)
     axes[0].set(ylabel="ms per interaction", title="gym MuJoCo, one env, one member (paper Table 2)")
     axes[0].legend(fontsize=7)
-    for p, env in dict.fromkeys((r["path"], r["env"]) for r in rows if r["mode"] == "vector"):
+    vector = [r for r in rows if r["mode"] == "vector"]
+    for p, env, d in dict.fromkeys((r["path"], r["env"], r.get("devices", 1)) for r in vector):
         series = sorted(
-            (r for r in rows if r["mode"] == "vector" and r["path"] == p and r["env"] == env),
+            (r for r in vector if r["path"] == p and r["env"] == env and r.get("devices", 1) == d),
             key=lambda r: r["pop"],
         )
         axes[1].plot(
@@ -296,7 +266,7 @@ def plot_envstep(payload: dict[str, Any], path) -> Any:
             [r["ms_per_interaction"] for r in series],
             marker="o",
             ls="-" if p == "brax" else "--",
-            label=f"{p}:{env}",
+            label=f"{p}:{env}" + (f" ({d} devices)" if d > 1 else ""),
         )
     axes[1].set(
         xscale="log",
@@ -317,6 +287,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         gym_envs=split(args.gym),
         brax_envs=split(args.brax),
         pops=common.parse_int_list(args.pop),
+        devices=common.parse_int_list(args.devices),
         envs_per_member=args.envs_per_member,
         steps=args.steps,
         hidden=common.parse_int_list(args.hidden) if args.hidden else None,

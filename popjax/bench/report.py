@@ -127,7 +127,7 @@ def targets(data: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
     train = merged(data, "train")
     if train:
         recs = [r for r in train["results"] if r["env"] == "gym:HalfCheetah-v5" and r["pop"] == 16
-                and "skipped" not in r]
+                and r.get("devices", 1) == 1 and "skipped" not in r]
         if recs and recs[0].get("update_fraction") is not None:
             frac = recs[0]["update_fraction"]
             rows.append(["train, gym:HalfCheetah-v5, pop 16: ≥ 70% of wall time in the compiled update",
@@ -228,19 +228,21 @@ def section_envstep(p: dict[str, Any]) -> list[str]:
     lines = ["## envstep — ms per environment interaction (paper Table 2)", "", _load_line(p), "",
              _image(p.get("_file", "envstep")), "",
              f"gym: gymnasium MuJoCo v5 on the host (`single`: one env and one member's jitted policy, one call "
-             f"per step, as the paper's Table 2; `vector`: popjax's HostCollector, pop × "
-             f"{p['params']['envs_per_member']} env(s)). brax: popjax's JaxCollector (backend "
-             f"`{p['params'].get('brax_backend')}`), a jitted scan of vmapped steps. Paper (Xeon 2.8 GHz, "
-             "v2/v3 envs): HalfCheetah 0.94 ms (TD3) / 0.66 ms (SAC).", ""]
+             f"per step, as the paper's Table 2; `vector`: one training iteration's interaction, "
+             f"`Loop.collect` of `popjax train`, pop × {p['params']['envs_per_member']} env(s), one compiled "
+             f"population act per step). brax/probe: the same `Loop.collect`, one compiled scan of vmapped "
+             f"steps (brax backend `{p['params'].get('brax_backend')}`). 'devices': the population split over "
+             "that many devices. Paper (Xeon 2.8 GHz, v2/v3 envs): HalfCheetah 0.94 ms (TD3) / 0.66 ms (SAC).",
+             ""]
     rows = []
     for r in p["results"]:
+        head = [r["path"], r["env"], r["mode"], r["learner"], r["pop"], r.get("devices", 1)]
         if "skipped" in r:
-            rows.append([r["path"], r["env"], r["mode"], r["learner"], r["pop"], "skipped: " + r["skipped"][:60],
-                         "", ""])
+            rows.append(head + ["skipped: " + r["skipped"][:60], "", ""])
             continue
-        rows.append([r["path"], r["env"], r["mode"], r["learner"], r["pop"], _f(r["ms_per_interaction"], 4),
-                     _f(r.get("env_only_ms_per_interaction"), 4), _f(r.get("ms_per_member_step"), 4)])
-    return lines + _table(["path", "env", "mode", "policy", "N", "ms / interaction", "env only ms",
+        rows.append(head + [_f(r["ms_per_interaction"], 4), _f(r.get("env_only_ms_per_interaction"), 4),
+                            _f(r.get("ms_per_member_step"), 4)])
+    return lines + _table(["path", "env", "mode", "policy", "N", "devices", "ms / interaction", "env only ms",
                            "ms / member step"], rows)
 
 
@@ -255,14 +257,15 @@ def section_train(p: dict[str, Any]) -> list[str]:
              "'update' = time inside the compiled update call (JAX path: collect-only calls subtracted).", ""]
     rows = []
     for r in p["results"]:
+        head = [r["env"], r["pop"], r.get("devices", 1)]
         if "skipped" in r:
-            rows.append([r["env"], r["pop"], "skipped: " + r["skipped"][:80], "", "", "", "", "", ""])
+            rows.append(head + ["skipped: " + r["skipped"][:80], "", "", "", "", "", ""])
             continue
         pct = lambda x: "—" if x is None else f"{100 * x:.0f}%"
-        rows.append([r["env"], r["pop"], _f(r.get("env_steps_per_s_steady"), 0), _f(r["env_steps_per_s"], 0),
-                     pct(r["update_fraction"]), pct(r.get("update_fraction_overall")), pct(r["compiled_fraction"]),
-                     _f(r["wall_s"], 1), _f(r["compile_s"], 1)])
-    return lines + _table(["env", "pop", "env steps/s (training iterations)", "env steps/s (whole run)",
+        rows.append(head + [_f(r.get("env_steps_per_s_steady"), 0), _f(r["env_steps_per_s"], 0),
+                            pct(r["update_fraction"]), pct(r.get("update_fraction_overall")),
+                            pct(r["compiled_fraction"]), _f(r["wall_s"], 1), _f(r["compile_s"], 1)])
+    return lines + _table(["env", "pop", "devices", "env steps/s (training iterations)", "env steps/s (whole run)",
                            "update share (training iterations)", "update share (whole run)",
                            "any compiled step (whole run)", "wall s", "compile s"], rows)
 
@@ -285,18 +288,24 @@ def section_shared_critic(p: dict[str, Any]) -> list[str]:
              _image(p.get("_file", "shared_critic")), "",
              "One population step = one shared-critic update + N actor updates; `vectorized` = the fast-PBT "
              "modification, `sequential` = the CEM-RL order compiled as one program, `sequential_loop` = the same "
-             "order as a Python loop of jitted calls (see `popjax/bench/shared_critic.py`).", ""]
+             "order as a Python loop of jitted calls (see `popjax/bench/shared_critic.py`). 'devices': the "
+             "vectorized step split over that many devices (actors split, critic replicated); the sequential "
+             "orders always run on one device.", ""]
     impls = [i for i in ("vectorized", "sequential", "sequential_loop")
              if any(f"{i}_step_s" in r for r in p["results"])]
     rows = []
     for r in p["results"]:
-        row = [r.get("pop"), r.get("k")]
+        row = [r.get("pop"), r.get("k"), r.get("devices", 1)]
+        if "skipped" in r:
+            rows.append(row + ["skipped: " + r["skipped"][:60]] + [""] * (len(impls) + 2))
+            continue
         row += [_f(r.get(f"{i}_step_s") and 1e3 * r[f"{i}_step_s"], 3) for i in impls]
         row += [_f(r.get("speedup_vs_sequential"), 2, "×"), _f(r.get("speedup_vs_sequential_loop"), 2, "×"),
                 _f(r.get("vectorized_gflops_per_s"), 1)]
         rows.append(row)
-    return lines + _table(["N", "K"] + [f"{i} ms" for i in impls] + ["vs sequential", "vs sequential loop",
-                                                                     "vectorized GFLOP/s"], rows)
+    return lines + _table(["N", "K", "devices"] + [f"{i} ms" for i in impls] + ["vs sequential",
+                                                                                "vs sequential loop",
+                                                                                "vectorized GFLOP/s"], rows)
 
 
 def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None) -> str:

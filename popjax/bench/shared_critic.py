@@ -8,9 +8,11 @@ process one after another (so ratios share the machine load):
   all N sub-batches (loss averaged over the population) and the N actor updates vmapped;
 - ``sequential``: the original CEM-RL order (one actor after the other; member ``i`` makes
   its share of the critic updates on its own sub-batch, then its actor updates), compiled
-  as one program (``jit(sequential_update)``); same number of critic and actor updates;
+  as one program (``jit`` of ``popjax.bench.cemrl_order.make_sequential_order(...).update``);
+  same number of critic and actor updates;
 - ``sequential_loop``: the same order as a Python loop of jitted single-member calls (one
-  critic or actor update per call), the paper's "Jax (Sequential)" style with dispatch.
+  critic or actor update per call, ``critic_step`` / ``actor_step`` of the same module), the
+  paper's "Jax (Sequential)" style with dispatch.
 
 Synthetic batches already on the device (HalfCheetah sizes: obs 17, action 6), hidden
 (256, 256), B = 256 per member, as in the paper. Each timed call runs ``k`` steps (default 1,
@@ -22,6 +24,14 @@ compares against PyTorch sequential on GPUs; there is no PyTorch baseline here (
 JAX-sequential baselines are named as such). The vectorized critic update sees N sub-batches
 where a sequential one sees one, so it does more FLOPs per step (about 2x at N = 8): a GPU
 absorbs that in parallel, a 2-core CPU does not (the paper: "no speedup when using one CPU core").
+
+``devices`` (``popjax bench shared_critic --devices 1,2``): with ``d > 1`` the vectorized step
+runs with the actors (and their hparams, keys and sub-batches, member axis) split over ``d``
+devices and the shared critic replicated, as ``popjax train --devices`` places a shared-critic
+state; XLA inserts the all-reduce of the critic gradient. The sequential orders are one
+member after the other by definition and always run on one device, so ``speedup_vs_*`` at
+``d > 1`` compares the split vectorized step with the one-device sequential reference.
+``actor_shards`` records into how many pieces the vectorized step's output actors are split.
 """
 
 from __future__ import annotations
@@ -33,8 +43,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from popjax.bench import common
+from popjax.bench.cemrl_order import make_sequential_order
 from popjax.learners import td3
 from popjax.learners.shared_critic import make_shared_critic_td3
 from popjax.population.hparams import population_hparams
@@ -54,9 +66,9 @@ def _batches(key, k: int, pop: int, batch: int, obs_dim: int, action_dim: int) -
                       terminated=(jax.random.uniform(ks[4], shape) < 0.01).astype(jnp.float32))
 
 
-def _loop_runner(shared, state, batches, keys, hparams):
+def _loop_runner(order, state, batches, keys, hparams):
     """The CEM-RL order as a Python loop of jitted single-update calls; returns ``(call, compile_s)``."""
-    critic_step, actor_step = jax.jit(shared.critic_step), jax.jit(shared.actor_step)
+    critic_step, actor_step = jax.jit(order.critic_step), jax.jit(order.actor_step)
     k, pop = keys.shape
     member = lambda tree, i: jax.tree.map(lambda x: x[i], tree)
     members = [(member(hparams, i), member(state.target_actor, i),
@@ -109,10 +121,32 @@ def interleaved_times(calls: dict[str, Any], *, warmup: int = 2, min_repeats: in
     return {name: common.summarize(t) for name, t in times.items()}
 
 
+def _split(tree, devices: int, axis: int = 0):
+    """``tree`` with ``axis`` split over the mesh of ``common.mesh_sharding(devices)``."""
+    sharding = common.mesh_sharding(devices, axis)
+    return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+
+
+def place_state(state, devices: int):
+    """A shared-critic state with the actors split over ``devices`` and the critic replicated."""
+    mesh = common.mesh_sharding(devices).mesh
+    replicated = NamedSharding(mesh, PartitionSpec())
+    put = lambda tree: jax.tree.map(lambda x: jax.device_put(x, replicated), tree)
+    return state.replace(actor=_split(state.actor, devices), target_actor=_split(state.target_actor, devices),
+                         actor_opt=_split(state.actor_opt, devices), critic=put(state.critic),
+                         target_critic=put(state.target_critic), critic_opt=put(state.critic_opt),
+                         steps=put(state.steps))
+
+
 def measure(pop: int, *, k: int = 1, hidden: Sequence[int] = (256, 256), batch_size: int = 256, obs_dim: int = 17,
             action_dim: int = 6, impls: Sequence[str] = IMPLS, min_repeats: int = 10, min_time: float = 1.0,
-            seed: int = 0) -> dict[str, Any]:
-    """Per-step times of the implementations at one population size (see module doc)."""
+            seed: int = 0, devices: int = 1) -> dict[str, Any]:
+    """Per-step times of the implementations at one population size (see module doc).
+
+    ``devices > 1``: the vectorized step runs split over that many devices (actors split,
+    critic replicated, batches and keys split along their member axis 1); the sequential
+    orders stay on one device.
+    """
     spec = EnvSpec("bench", (obs_dim,), action_dim=action_dim, action_low=(-1.0,) * action_dim,
                    action_high=(1.0,) * action_dim)
     shared = make_shared_critic_td3(td3.TD3Config(hidden=tuple(hidden), batch_size=batch_size), spec, pop)
@@ -121,17 +155,29 @@ def measure(pop: int, *, k: int = 1, hidden: Sequence[int] = (256, 256), batch_s
     state = jax.jit(shared.init)(key_init, hparams)
     batches = common.block(_batches(key_batch, k, pop, batch_size, obs_dim, action_dim))
     keys = jax.random.split(key_steps, k * pop).reshape(k, pop)
-    out: dict[str, Any] = {"pop": pop, "k": k}
+    order = make_sequential_order(shared, tuple(hidden), action_dim)
+    out: dict[str, Any] = {"pop": pop, "k": k, "devices": devices}
     calls = {}
     for impl in impls:
         if impl == "sequential_loop":
-            calls[impl], compile_s = _loop_runner(shared, state, batches, keys, hparams)
+            calls[impl], compile_s = _loop_runner(order, state, batches, keys, hparams)
             flops = None
-        else:
-            fn = shared.train if impl == "vectorized" else shared.sequential_update
-            compiled, times = common.compile_timed(fn, keys, state, batches, hparams)
+        elif impl == "sequential":
+            args = (keys, state, batches, hparams)
+            compiled, times = common.compile_timed(order.update, *args)
             compile_s, flops = times["compile_s"], common.cost_flops(compiled) if k == 1 else None
-            calls[impl] = lambda compiled=compiled: compiled(keys, state, batches, hparams)
+            calls[impl] = lambda compiled=compiled, args=args: compiled(*args)
+        else:  # vectorized, split over the devices when devices > 1
+            args = (keys, state, batches, hparams)
+            if devices > 1:
+                args = common.block((_split(keys, devices, 1), place_state(state, devices),
+                                     _split(batches, devices, 1), _split(hparams, devices)))
+            compiled, times = common.compile_timed(shared.train, *args)
+            # With d devices XLA's cost analysis describes one device's share (the replicated critic
+            # update counted on every device): FLOPs are reported on one device only.
+            compile_s, flops = times["compile_s"], common.cost_flops(compiled) if k == 1 and devices == 1 else None
+            calls[impl] = lambda compiled=compiled, args=args: compiled(*args)
+            out["actor_shards"] = common.shards(calls[impl]()[0].actor)
         out[f"{impl}_compile_s"] = compile_s
         if flops:
             out[f"{impl}_gflop_per_step"] = flops / 1e9
@@ -143,7 +189,7 @@ def measure(pop: int, *, k: int = 1, hidden: Sequence[int] = (256, 256), batch_s
         out[f"{impl}_repeats"] = stats[impl]["repeats"]
         if f"{impl}_gflop_per_step" in out:
             out[f"{impl}_gflops_per_s"] = out[f"{impl}_gflop_per_step"] / out[f"{impl}_step_s"]
-        common.log(f"shared_critic N={pop} {impl}: {1e3 * out[f'{impl}_step_s']:.2f} ms/step "
+        common.log(f"shared_critic N={pop} d={devices} {impl}: {1e3 * out[f'{impl}_step_s']:.2f} ms/step "
                    f"(compile {out[f'{impl}_compile_s']:.1f} s, {stats[impl]['repeats']} calls)")
     for impl in impls:
         if impl != "vectorized" and "vectorized" in impls:
@@ -153,17 +199,31 @@ def measure(pop: int, *, k: int = 1, hidden: Sequence[int] = (256, 256), batch_s
 
 def plot(payload: dict[str, Any], path) -> Any:
     plt = common.pyplot()
-    rows = payload["results"]
-    pops = [r["pop"] for r in rows]
+    measured = [r for r in payload["results"] if "skipped" not in r]
+    by_devices: dict[int, list[dict[str, Any]]] = {}
+    for r in measured:
+        by_devices.setdefault(r.get("devices", 1), []).append(r)
     fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.2))
     labels = {"vectorized": "vectorized (fast-PBT: critic loss averaged over N)",
               "sequential": "sequential CEM-RL order, one compiled program",
               "sequential_loop": "sequential CEM-RL order, loop of jitted calls"}
-    for impl, style in zip(IMPLS, ("C0o-", "C1s-", "C2^--"), strict=True):
-        if f"{impl}_step_s" in rows[0]:
-            ax.plot(pops, [1e3 * r[f"{impl}_step_s"] for r in rows], style, label=labels[impl])
-            if impl != "vectorized" and f"speedup_vs_{impl}" in rows[0]:
-                ax2.plot(pops, [r[f"speedup_vs_{impl}"] for r in rows], style, label=f"vs {impl}")
+    for i, (d, rows) in enumerate(sorted(by_devices.items())):
+        pops = [r["pop"] for r in rows]
+        suffix = f", vectorized on {d} devices" if d > 1 else ""
+        for impl, style in zip(IMPLS, ("o-", "s-", "^--"), strict=True):
+            if f"{impl}_step_s" not in rows[0] or (i and impl != "vectorized"):
+                continue  # the sequential references run on one device: drawn once
+            color = f"C{IMPLS.index(impl) + (3 + i if i else 0)}"
+            ax.plot(pops, [1e3 * r[f"{impl}_step_s"] for r in rows], color + style,
+                    label=labels[impl] + (f" ({d} devices)" if d > 1 else ""))
+        for impl, style in zip(IMPLS[1:], ("s-", "^--"), strict=True):
+            if f"speedup_vs_{impl}" in rows[0]:
+                ax2.plot(pops, [r[f"speedup_vs_{impl}"] for r in rows], f"C{IMPLS.index(impl) + 3 * i}{style}",
+                         label=f"vs {impl}{suffix}")
+        for impl, style in zip(("vectorized", "sequential"), ("o-", "s-"), strict=True):
+            if not i and f"{impl}_gflop_per_step" in rows[0]:
+                ax3.plot(pops, [r[f"{impl}_gflop_per_step"] for r in rows], f"C{IMPLS.index(impl)}{style}",
+                         label=impl)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("population size N")
@@ -178,12 +238,9 @@ def plot(payload: dict[str, Any], path) -> Any:
     ax2.set_ylabel("speed-up of the vectorized step")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
-    for impl, style in zip(("vectorized", "sequential"), ("C0o-", "C1s-"), strict=True):
-        if f"{impl}_gflop_per_step" in rows[0]:
-            ax3.plot(pops, [r[f"{impl}_gflop_per_step"] for r in rows], style, label=impl)
     ax3.set_xscale("log", base=2)
     ax3.set_xlabel("population size N")
-    ax3.set_ylabel("GFLOP per population update step (XLA)")
+    ax3.set_ylabel("GFLOP per population update step (XLA, one device)")
     ax3.grid(alpha=0.3)
     ax3.legend(fontsize=8)
     fig.tight_layout()
@@ -192,7 +249,8 @@ def plot(payload: dict[str, Any], path) -> Any:
 
 def run(pops: Sequence[int] = (1, 2, 4, 8), repeats: int = 10, out_dir: str = "benchmarks/results", *, k: int = 1,
         hidden: Sequence[int] = (256, 256), batch_size: int = 256, obs_dim: int = 17, action_dim: int = 6,
-        impls: Sequence[str] = IMPLS, min_time: float = 1.0, seed: int = 0, make_plot: bool = True) -> dict[str, Any]:
+        impls: Sequence[str] = IMPLS, min_time: float = 1.0, seed: int = 0, make_plot: bool = True,
+        devices: Sequence[int] = (1,)) -> dict[str, Any]:
     """Times one shared-critic population update step vs N; writes ``<out_dir>/shared_critic.json`` and ``.png``.
 
     Args:
@@ -205,32 +263,67 @@ def run(pops: Sequence[int] = (1, 2, 4, 8), repeats: int = 10, out_dir: str = "b
       min_time: minimum seconds of timed calls per point and implementation.
       seed: PRNG seed of the synthetic problem.
       make_plot: also write the PNG.
+      devices: device counts the vectorized step is split over (one row per N and count; an N
+        that does not divide over a count is recorded as skipped).
 
     Returns:
       The JSON payload: ``machine`` (CPU, devices, jax version, load), ``params``, ``results``
-      (one dict per N: ``<impl>_step_s`` medians, means, compile times, ``speedup_vs_<impl>``).
+      (one dict per N and device count: ``<impl>_step_s`` medians, means, compile times,
+      ``speedup_vs_<impl>``, ``devices``).
+
+    Raises:
+      ValueError: unknown implementations, or more devices than JAX can provide.
     """
     unknown = sorted(set(impls) - set(IMPLS))
     if unknown:
         raise ValueError(f"unknown implementation(s) {unknown}; allowed: {', '.join(IMPLS)}")
+    if not impls:
+        raise ValueError(f"no implementation to time; choose from {', '.join(IMPLS)}")
+    devices = list(devices)
+    if max(devices) > 1 and "vectorized" not in impls:
+        raise ValueError("--devices above 1 splits only the vectorized step: add vectorized to --impl")
+    common.request_devices(devices)
     started = common.utc_now()
-    params = {"pops": list(pops), "repeats": repeats, "k": k, "hidden": list(hidden), "batch_size": batch_size,
-              "obs_dim": obs_dim, "action_dim": action_dim, "impls": list(impls), "min_time": min_time,
-              "seed": seed, "policy_delay": 1}
-    results = [measure(n, k=k, hidden=hidden, batch_size=batch_size, obs_dim=obs_dim, action_dim=action_dim,
-                       impls=impls, min_repeats=repeats, min_time=min_time, seed=seed) for n in pops]
+    load_before = common.load_average()
+    params = {"pops": list(pops), "devices": devices, "repeats": repeats, "k": k, "hidden": list(hidden),
+              "batch_size": batch_size, "obs_dim": obs_dim, "action_dim": action_dim, "impls": list(impls),
+              "min_time": min_time, "seed": seed, "policy_delay": 1}
+    results = []
+    for d in devices:
+        for n in pops:
+            if n % d:
+                reason = f"{n} members do not divide over {d} devices"
+                common.log(f"shared_critic N={n} d={d}: skipped ({reason})")
+                results.append({"pop": n, "k": k, "devices": d, "skipped": reason})
+                continue
+            results.append(measure(n, k=k, hidden=hidden, batch_size=batch_size, obs_dim=obs_dim,
+                                   action_dim=action_dim, impls=impls, min_repeats=repeats, min_time=min_time,
+                                   seed=seed, devices=d))
     notes = ["time per population update step (1 shared-critic update + N actor updates), median of timed "
              "calls / k; compile time separate; all implementations timed in the same process",
              "sequential = original CEM-RL order (per member: its critic updates, then its actor updates); "
              "same numbers of critic and actor updates as the vectorized step",
              "the vectorized critic update sees all N sub-batches (N*B samples), the sequential one B: per step "
-             "the vectorized program does more FLOPs (see <impl>_gflop_per_step, XLA cost analysis, k=1 only), "
-             "which a GPU absorbs in parallel and a CPU core does not",
+             "the vectorized program does more FLOPs (see <impl>_gflop_per_step, XLA cost analysis, k=1 and one "
+             "device only), which a GPU absorbs in parallel and a CPU core does not",
+             "devices > 1: only the vectorized step is split over the devices (actors split, critic replicated); "
+             "the sequential references run on one device",
              "no PyTorch baseline: the paper's Fig. 4 baseline is PyTorch sequential on a GPU"]
-    payload = common.study_payload(STUDY, params, results, started, notes)
+    payload = common.study_payload(STUDY, params, results, started, notes, load_before=load_before,
+                                   load_after=common.load_average())
     json_path, png_path = common.output_paths(out_dir, STUDY)
     common.write_json(json_path, payload)
     if make_plot:
         plot(payload, png_path)
+    common.log(f"wrote {json_path}")
     payload["paths"] = {"json": str(json_path), "png": str(png_path) if make_plot else None}
     return payload
+
+
+def main(args) -> dict[str, Any]:
+    """``popjax bench shared_critic`` (options: ``popjax.bench.add_arguments``)."""
+    return run(pops=common.parse_int_list(args.pop), devices=common.parse_int_list(args.devices),
+               repeats=args.repeats, out_dir=args.out, k=args.k or 1,
+               hidden=tuple(common.parse_int_list(args.hidden)) if args.hidden else (256, 256),
+               batch_size=args.batch_size or 256, impls=[x for x in args.impl.split(",") if x],
+               min_time=args.min_time, seed=args.seed, make_plot=not args.no_plot)

@@ -209,9 +209,16 @@ def member_rows(returns: np.ndarray, hparams, metrics: Mapping[str, np.ndarray])
     return rows
 
 
-def nan_like(tree: PyTree) -> PyTree:
-    """NaN arrays shaped like ``tree`` (shape/dtype structs or arrays): metrics of a skipped step."""
-    return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), tree)
+def train_unless(skip: jax.Array, train: Callable, *args, kept):
+    """``train(*args) -> (new, metrics)``, or ``(kept, NaN metrics)`` when the traced scalar ``skip``.
+
+    A ``cond`` outside any ``vmap`` (only the taken branch runs). ``train`` is traced once: its
+    output structure comes from a nested ``jit`` whose trace the call then reuses.
+    """
+    train = jax.jit(train)
+    metrics = train.eval_shape(*args)[1]
+    nan = jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), metrics)
+    return jax.lax.cond(skip, lambda: (kept, nan), lambda: train(*args))
 
 
 def parse_options(section: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:

@@ -63,8 +63,8 @@ from popjax.drivers.base import (
     DriverHost,
     Episodes,
     Rollout,
-    nan_like,
     parse_options,
+    train_unless,
 )
 from popjax.drivers.independent import random_actions
 from popjax.envs.runner import Experience
@@ -249,8 +249,7 @@ def build(ctx: BuildContext, settings: DvDSettings) -> Driver:
         # The schedule is indexed by the transitions added so far, this iteration's included.
         weight = state.bandit.weight if bandit else diversity_weight(
             counters.env_steps.astype(jnp.float32) * cfg.pop_size, settings)
-        skipped = lambda: (state.learner, nan_like(jax.eval_shape(train, key, state, weight)[1]))
-        learner, metrics = jax.lax.cond(warm, skipped, lambda: train(key, state, weight))
+        learner, metrics = train_unless(warm, train, key, state, weight, kept=state.learner)
         return state.replace(learner=learner), metrics
 
     def after_eval(key: Key, state: DvDState, returns: jax.Array):

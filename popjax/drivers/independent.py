@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from popjax.buffers import BufferState, make_uniform_buffer
-from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, Episodes, Rollout, nan_like
+from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, Episodes, Rollout, train_unless
 from popjax.envs.runner import Experience
 from popjax.types import EnvSpec, Key, dummy_transition
 
@@ -85,8 +85,7 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
         """Adds the rollout to each member's buffer, then trains (after warm-up)."""
         warm = warming_up(state)
         state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, experience.transitions))
-        skipped = lambda: (state.learner, nan_like(jax.eval_shape(train, key, state)[1]))
-        learner_state, metrics = jax.lax.cond(warm, skipped, lambda: train(key, state))
+        learner_state, metrics = train_unless(warm, train, key, state, kept=state.learner)
         counters = state.counters.advance(rollout.steps_per_member, jnp.where(warm, 0, k))
         return state.replace(learner=learner_state, counters=counters), metrics
 

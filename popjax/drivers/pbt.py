@@ -273,6 +273,12 @@ class PBTState:
 MEMBER_AXES = PBTState(learner=True, buffer=True, hparams=True, counters=False, pbt=False)
 
 
+def initial_record(fitness_window: int, pop_size: int) -> PBTRecord:
+    return PBTRecord(window=jnp.full((fitness_window, pop_size), jnp.nan, jnp.float32),
+                     count=jnp.zeros(pop_size, jnp.int32), last_ready=jnp.zeros((), jnp.int32),
+                     rounds=jnp.zeros((), jnp.int32))
+
+
 def window_fitness(window: jax.Array, count: jax.Array) -> jax.Array:
     """``[pop]``: mean of each member's last ``clip(count, 1, W)`` evaluations (NaN if one is NaN)."""
     w = window.shape[0]
@@ -368,12 +374,9 @@ def build(ctx: BuildContext, config: PBTConfig):
     keep = set(ctx.config.hparams) | set(ctx.config.search_space)
     ctx = dataclasses.replace(ctx, hparams=initial_hparams(ctx.setup_key, ctx.hparams, config.space, keep))
     population = make_population(ctx, PBTState, MEMBER_AXES)
-    pop, window = ctx.config.pop_size, config.fitness_window
-    record = lambda: PBTRecord(window=jnp.full((window, pop), jnp.nan, jnp.float32), count=jnp.zeros(pop, jnp.int32),
-                               last_ready=jnp.zeros((), jnp.int32), rounds=jnp.zeros((), jnp.int32))
-    total = ctx.config.total_env_steps
+    pop, total = ctx.config.pop_size, ctx.config.total_env_steps
     return population._replace(
-        init=lambda key: population.init(key, pbt=record()),
+        init=lambda key: population.init(key, pbt=initial_record(config.fitness_window, pop)),
         after_eval=lambda key, state, returns: pbt_after_eval(key, state, returns, config, total),
         host=PBTHost())
 

@@ -184,7 +184,15 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
     critic_net = TwinCritic(config.hidden)
     obs0 = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
     act0 = jnp.zeros((1, spec.action_dim), jnp.float32)
-    axes = AXIS if device_axis is None else (device_axis, AXIS)  # every reduction spans the population
+    # Every reduction spans the population: the members of this program (vmap axis), then the
+    # devices (equal shares, so the mean of means is the population mean).
+    def pmean(x):
+        x = jax.lax.pmean(x, AXIS)
+        return x if device_axis is None else jax.lax.pmean(x, device_axis)
+
+    def pmin(x):
+        x = jax.lax.pmin(x, AXIS)
+        return x if device_axis is None else jax.lax.pmin(x, device_axis)
 
     def gather(x):
         """Every actor's ``x``, ``[all actors, ...]`` in global member order."""
@@ -228,16 +236,16 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
         y = target_q(key, actor_net, critic_net, target_actor, target_critic, batch, hp)
         loss_and_grad = jax.value_and_grad(critic_loss_fn, has_aux=True)
         (member_loss, q), grads = loss_and_grad(critic, critic_net, batch, y)
-        return member_loss, q, jax.lax.pmean(member_loss, axes), jax.lax.pmean(grads, axes)
+        return member_loss, q, pmean(member_loss), pmean(grads)
 
     def member_step(key, actor, target_actor, actor_opt, batch, hp, critic, target_critic, critic_opt, steps,
                     weight):
         # 1. Shared critic, updated once with the population-mean gradient.
         member_loss, q, critic_loss, grads = member_critic_grads(key, target_actor, batch, hp, critic,
                                                                  target_critic)
-        new_critic, new_critic_opt = adam_step(critic, grads, critic_opt, jax.lax.pmean(hp.critic_lr, axes))
-        critic_policy_step = (steps + 1) % jax.lax.pmin(hp.policy_delay, axes) == 0
-        moved = polyak(target_critic, new_critic, jax.lax.pmean(hp.tau, axes))
+        new_critic, new_critic_opt = adam_step(critic, grads, critic_opt, pmean(hp.critic_lr))
+        critic_policy_step = (steps + 1) % pmin(hp.policy_delay) == 0
+        moved = polyak(target_critic, new_critic, pmean(hp.tau))
         new_target_critic = select(critic_policy_step, moved, target_critic)
 
         # 2. Actors: DPG through the just-updated shared critic (+ DvD's diversity gradient).

@@ -92,4 +92,8 @@ class Placement:
         if not self.per_device:
             return fn
         spec = lambda axes: jax.tree.map(lambda flag: PartitionSpec(DEVICE_AXIS) if flag else PartitionSpec(), axes)
-        return jax.shard_map(fn, mesh=self.mesh, in_specs=tuple(spec(a) for a in in_axes), out_specs=spec(out_axes))
+        # check_vma=False: JAX 0.10's replication typing fails on collectives over a vmap axis
+        # (the population's ``pop``) inside shard_map; replicated outputs are equal by construction
+        # (computed from replicated inputs or after a collective over the devices).
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=tuple(spec(a) for a in in_axes), out_specs=spec(out_axes),
+                             check_vma=False)

@@ -1,0 +1,195 @@
+"""The driver contract, checked on every registered driver and on a driver defined only here.
+
+For each driver in ``DRIVERS`` (JAX env path, tiny sizes): the state and its counters, the
+shapes of metrics and evaluation returns, one trace per compiled program over a whole run
+(PBT exploits, CEM tells and bandit draws included), and a kill followed by ``resume`` that
+equals the uninterrupted run leaf for leaf with every metrics row exactly once. A random-search
+driver written in this module registers with one line and trains: a driver is an addition.
+"""
+
+import csv
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import struct
+from learner_helpers import assert_trees_equal
+
+import popjax
+from popjax.checkpoint import Checkpointer
+from popjax.config import make_config
+from popjax.drivers import DRIVERS
+from popjax.drivers.base import Counters, Driver, DriverDef, DriverHost, Episodes, parse_options
+from popjax.experiment import build
+from popjax.loop import Compiler
+from popjax.population import tree
+
+BASE = dict(learner="td3", env="probe:pendulum", pop_size=4, seed=5, total_env_steps=300, warmup_steps=100,
+            rollout_len=25, eval_interval=100, eval_episodes=1, batch_size=16, buffer_size=1000,
+            checkpoint_interval=50, learner_config={"hidden": [8, 8]}, progress=False)
+# Per-driver settings that make every mechanism act within the tiny budget.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "pbt": {"pbt": {"interval": 100, "quantile": 0.25}},
+    "cemrl": {"total_env_steps": 600, "eval_interval": 200, "buffer_size": 2000, "cemrl": {"updates_per_call": 25}},
+    "dvd": {"dvd": {"weight_source": "bandit", "bandit_random": 1}},
+}
+
+
+def options(name: str) -> dict[str, Any]:
+    return {**BASE, **OVERRIDES.get(name, {}), "driver": name}
+
+
+@pytest.fixture(autouse=True)
+def xla_cache():
+    """Compiled programs shared between the runs of a test (speed only; results are identical)."""
+    jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(),
+                                                                f"popjax-test-xla-cache-{os.getuid()}"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+@pytest.fixture
+def compilers(monkeypatch) -> list[Compiler]:
+    """Every Compiler created while the test runs (the loop's compile cache and trace counts)."""
+    made, init = [], Compiler.__init__
+
+    def recording_init(self):
+        init(self)
+        made.append(self)
+
+    monkeypatch.setattr(Compiler, "__init__", recording_init)
+    return made
+
+
+def metric_rows(run_dir) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return [{k: v for k, v in row.items() if k != "wall_s"} for row in csv.DictReader(f)]
+
+
+@pytest.mark.parametrize("name", sorted(DRIVERS))
+def test_state_counters_metrics_and_evaluation_shapes(name):
+    loop = build(make_config(**options(name)))
+    pop = loop.config.pop_size
+    state, env_state = loop.initial_state()
+    assert loop.counters(state) == (0, 0)
+    assert jax.tree.structure(state) == jax.tree.structure(jax.eval_shape(loop.driver.init, jax.random.key(0)))
+    state, env_state, metrics = loop.step(state, env_state)
+    steps, updates = loop.counters(state)
+    assert steps > 0 and updates >= 0
+    assert all(m.shape == (pop,) for m in metrics.values()), {k: m.shape for k, m in metrics.items()}
+    returns = loop.evaluate(state)
+    actors = loop.driver.evaluation.actors
+    assert returns.shape == ((pop,) if actors is None else (actors,)) and np.isfinite(returns).all()
+
+
+@pytest.mark.parametrize("name", sorted(DRIVERS))
+def test_every_program_traces_once_and_kill_then_resume_is_exact(name, compilers, tmp_path):
+    full = popjax.train(out_dir=tmp_path / "full", **options(name))
+    traces = compilers[-1].traces
+    assert traces["iteration"] == 1 and set(traces.values()) == {1}, traces
+    summary = full.summary
+    if name == "pbt":  # exploits happened, and did not retrace
+        assert summary["lineage"] and traces["after_eval"] == 1
+    if name == "cemrl":
+        assert len(summary["cem_mean_returns"]) == 3 and int(full.state.cem.generation) == 3
+    if name == "dvd":
+        assert summary["dvd_bandit"]["draws"] == 3 and traces["after_eval"] == 1
+
+    # A kill: the newest checkpoints and the summary are gone, later metrics rows are not.
+    cut = tmp_path / "cut"
+    shutil.copytree(full.out_dir, cut)
+    (cut / "summary.json").unlink()
+    checkpoints = Checkpointer(cut / "checkpoints")
+    kept = checkpoints.steps()
+    for step in kept[1:]:
+        checkpoints.delete(step)
+    checkpoints.close()
+    assert len(metric_rows(cut)) == len(metric_rows(full.out_dir))
+
+    resumed = popjax.resume(cut)
+    assert_trees_equal(resumed.state, full.state)
+    timing = ("wall_s", "compile_s")
+    assert {k: v for k, v in resumed.summary.items() if k not in timing} == \
+        {k: v for k, v in summary.items() if k not in timing}
+    rows = metric_rows(cut)
+    assert rows == metric_rows(full.out_dir)  # nothing lost, nothing duplicated
+    keys = [(r["env_steps"], r["member"]) for r in rows]
+    assert len(keys) == len(set(keys))
+
+
+# --- a driver defined outside popjax -------------------------------------------------------------
+@struct.dataclass
+class SearchState:
+    learner: Any  # [pop] candidates (learner states; only their policies matter)
+    best: Any  # the best candidate so far (one learner state)
+    best_return: jax.Array
+    hparams: Any
+    counters: Counters
+
+
+class SearchHost(DriverHost):
+    def summary(self, state):
+        return {**super().summary(state), "search_best_return": float(state.best_return)}
+
+
+def build_random_search(ctx, opts):
+    """Random search: each generation perturbs the best candidate per member and keeps the best."""
+    learner, members, pop = ctx.learner, ctx.members, ctx.config.pop_size
+
+    def init(key):
+        states = jax.vmap(learner.init)(members.keys(key), ctx.hparams)
+        return SearchState(learner=states, best=tree.member(states, 0), best_return=jnp.float32(-jnp.inf),
+                           hparams=ctx.hparams, counters=Counters.zeros())
+
+    def prepare(key, state):
+        def perturb(member_key):
+            leaves, treedef = jax.tree.flatten(state.best)
+            keys = jax.random.split(member_key, len(leaves))
+            noisy = [x + opts["sigma"] * jax.random.normal(k, x.shape, x.dtype)
+                     if jnp.issubdtype(x.dtype, jnp.floating) else x for x, k in zip(leaves, keys, strict=True)]
+            return jax.tree.unflatten(treedef, noisy)
+
+        return state.replace(learner=jax.vmap(perturb)(members.keys(key))), {}
+
+    def policy(state, obs):
+        return jax.vmap(learner.policy)(state.learner, obs)
+
+    def learn(key, state, batch):
+        best = jnp.argmax(batch.returns)
+        better = batch.returns[best] > state.best_return
+        candidate = tree.member(state.learner, best)
+        steps = batch.mask.sum() // pop
+        return state.replace(best=jax.tree.map(lambda c, b: jnp.where(better, c, b), candidate, state.best),
+                             best_return=jnp.maximum(state.best_return, batch.returns[best]),
+                             counters=state.counters.advance(env_steps=steps)), {"fitness": batch.returns}
+
+    axes = SearchState(learner=True, best=False, best_return=False, hparams=True, counters=False)
+    return Driver(init=init, interaction=Episodes(1), act=lambda key, state, obs: policy(state, obs), learn=learn,
+                  evaluation=Episodes(ctx.config.eval_episodes), policy=policy, member_axes=axes,
+                  host=SearchHost(lambda state: state.hparams), prepare=prepare)
+
+
+RANDOM_SEARCH = DriverDef(name="random_search", build=build_random_search,
+                          options=lambda raw, ctx: parse_options("random_search", raw, {"sigma": 0.05}), pmap=False)
+
+
+def test_a_driver_defined_outside_popjax_registers_and_trains(monkeypatch, tmp_path):
+    monkeypatch.setitem(DRIVERS, "random_search", RANDOM_SEARCH)
+    run_options = {**BASE, "driver": "random_search", "total_env_steps": 800, "eval_interval": 400,
+                   "random_search": {"sigma": 0.1}}
+    run = popjax.train(out_dir=tmp_path / "run", **run_options)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["driver"] == "random_search" and summary["env_steps"] == 800  # 4 generations of 200 steps
+    assert summary["search_best_return"] == float(run.state.best_return) > -2000
+    rows = metric_rows(tmp_path / "run")
+    assert [int(r["env_steps"]) for r in rows] == [400] * 4 + [800] * 4
+    assert "fitness" in rows[0] and (tmp_path / "run" / "plots" / "learning_curves.png").exists()
+    with pytest.raises(popjax.ConfigError, match="random_search: unknown key"):
+        popjax.train(out_dir=tmp_path / "bad", **{**run_options, "random_search": {"sgima": 0.1}})
+    again = popjax.train(out_dir=tmp_path / "again", **run_options)
+    assert_trees_equal(again.state, run.state)  # same seed, same results
