@@ -6,8 +6,10 @@ Used by ``cemrl_pendulum.py`` (reference §8 R3) and ``cemrl_halfcheetah.py``:
         [--orders vectorized,sequential] [--env ENV] [--hidden 64,64] [--out runs/cemrl_<name>]
 
 The budget counts env steps summed over the population (CEM-RL's 10 actors share it; each TD3
-seed gets all of it). CEM-RL runs with both critic orders: the fast-PBT vectorized step and the
-original sequential CEM-RL order (``updates_per_call`` = one generation's G = pop x episode
+seed gets all of it). CEM-RL runs with both critic orders: the fast-PBT vectorized step (the
+``cemrl`` driver) and the original sequential CEM-RL order, a driver this module registers
+(``cemrl_sequential``: popjax's CEM-RL with the reference order of ``popjax.bench.cemrl_order``;
+``updates_per_call`` = one generation's G = pop x episode
 length, so member by member: G/5 critic updates, then G actor updates, exactly as in CEM-RL).
 TD3 runs the same seeds as independent members of one population. Batch 256, popjax TD3
 defaults (CEM-RL: policy delay 1). Writes every run directory under ``--out``, a summary JSON
@@ -25,7 +27,10 @@ from pathlib import Path
 import numpy as np
 
 import popjax
+from popjax.bench.cemrl_order import make_sequential_order
+from popjax.drivers import DRIVERS, DriverDef, cemrl, register
 from popjax.envs.registry import env_spec
+from popjax.learners.shared_critic import make_shared_critic_td3
 from popjax.plots import save_figure
 
 HERE = Path(__file__).parent
@@ -35,15 +40,28 @@ def common(hidden: list[int]) -> dict:
     return dict(learner="td3", batch_size=256, learner_config={"hidden": hidden}, progress=False)
 
 
+def build_sequential(ctx, settings):
+    """CEM-RL whose K-step training is the original order (member by member) instead of the vectorized step."""
+    shared = make_shared_critic_td3(ctx.learner_config, ctx.spec, settings.n_trained)
+    order = make_sequential_order(shared, ctx.learner_config.hidden, ctx.spec.action_dim)
+    return cemrl.build(ctx, settings, train=order.update)
+
+
+if "cemrl_sequential" not in DRIVERS:
+    register(DriverDef(name="cemrl_sequential", build=build_sequential, options=cemrl.options,
+                       plots=cemrl.cemrl_run_plots, pmap=False))
+
+
 def cemrl_run(env: str, budget: int, seed: int, order: str, hidden: list[int], out: Path) -> dict:
     pop = 10
-    cemrl = {"critic_order": order}
+    driver = "cemrl" if order == "vectorized" else "cemrl_sequential"
+    options = {}
     if order == "sequential":
         # one generation's G (each of the 10 actors plays one full episode): the exact CEM-RL order
-        cemrl["updates_per_call"] = pop * env_spec(env).max_episode_steps
-    run = popjax.train(env=env, driver="cemrl", pop_size=pop, seed=seed, total_env_steps=budget // pop,
+        options["updates_per_call"] = pop * env_spec(env).max_episode_steps
+    run = popjax.train(env=env, driver=driver, pop_size=pop, seed=seed, total_env_steps=budget // pop,
                        warmup_steps=100, eval_interval=budget // pop // 10, eval_episodes=10,
-                       buffer_size=max(budget, 4000), cemrl=cemrl, out_dir=out, **common(hidden))
+                       buffer_size=max(budget, 4000), out_dir=out, **{driver: options}, **common(hidden))
     s = run.summary
     curve = [[steps * pop, ret] for steps, ret in s["cem_mean_returns"]]  # total env steps
     return {"method": f"cemrl_{order}", "seed": seed, "curve": curve, "final": s["final_return"],

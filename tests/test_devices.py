@@ -42,7 +42,8 @@ SCRIPT = textwrap.dedent("""
         return {"devices_used": max(len(x.sharding.device_set) for x in leaves),
                 "same_structure": jax.tree.structure(run.state) == jax.tree.structure(ref.state),
                 "leaf_diff": max(rel(a, b) for a, b in zip(jax.tree.leaves(ref.state), leaves)),
-                "return_diff": max(abs(a - b) for a, b in zip(ref.summary["final_returns"], run.summary["final_returns"])),
+                "return_diff": max(abs(a - b) for a, b in zip(ref.summary["final_returns"],
+                                                              run.summary["final_returns"])),
                 "same_counts": [run.summary[k] for k in ("env_steps", "updates")] ==
                                [ref.summary[k] for k in ("env_steps", "updates")]}
 

@@ -36,6 +36,7 @@ is a benchmark reference (``popjax.bench.cemrl_order``), not a training option.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -162,7 +163,10 @@ class CEMRLHost(DriverHost):
         self.mean_returns = [list(r) for r in data.get("cem_mean_returns", [])]
 
 
-def build(ctx: BuildContext, settings: CEMRLSettings) -> Driver:
+def build(ctx: BuildContext, settings: CEMRLSettings, train: Callable | None = None) -> Driver:
+    """The CEM-RL driver; ``train(keys [K, n], state, batches [K, n, B], hparams) -> (state, metrics)``
+    replaces the vectorized shared-critic step (e.g. by the sequential CEM-RL order of
+    ``popjax.bench.cemrl_order``, as ``experiments/cemrl_common.py`` does)."""
     cfg, spec = ctx.config, ctx.spec
     if cfg.learner != "td3":
         raise ConfigError(f"learner: the cemrl driver trains TD3 actors with a shared critic; got {cfg.learner!r}")
@@ -175,6 +179,7 @@ def build(ctx: BuildContext, settings: CEMRLSettings) -> Driver:
         hparams = hparams.replace(policy_delay=jnp.ones_like(hparams.policy_delay))  # CEM-RL: TD3 delay 1
     n_t, k = settings.n_trained, settings.updates_per_call
     shared = make_shared_critic_td3(ctx.learner_config, spec, n_t)
+    train = train or shared.train
     buffer = make_uniform_buffer(cfg.buffer_size, cfg.batch_size)
     v_sample = jax.vmap(buffer.sample, in_axes=(0, None))
     _, unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
@@ -208,8 +213,8 @@ def build(ctx: BuildContext, settings: CEMRLSettings) -> Driver:
             sample_keys = jax.random.split(key_sample, k * n_t).reshape(k, n_t)
             batches = jax.vmap(lambda keys: v_sample(keys, state.buffer))(sample_keys)  # [K, n_t, B, ...]
             update_keys = jax.random.split(key_update, k * n_t).reshape(k, n_t)
-            learner, metrics = shared.train(update_keys, learner, batches, hp)
-            return learner, {name: sums[name] + metrics[name] for name in TRAIN_METRICS}
+            learner, metrics = train(update_keys, learner, batches, hp)
+            return learner, {name: sums[name] + metrics.get(name, jnp.nan) for name in TRAIN_METRICS}
 
         zeros = {name: jnp.zeros((n_t,), jnp.float32) for name in TRAIN_METRICS}
         learner, sums = jax.lax.fori_loop(0, n_calls, call, (learner, zeros))

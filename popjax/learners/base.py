@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,27 @@ class Learner(NamedTuple):
     update: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]]
     act: Callable[[Key, Any, jax.Array, Any], jax.Array]
     policy: Callable[[Any, jax.Array], jax.Array]
+
+
+class PopulationLearner(Protocol):
+    """A learner whose members share parts (e.g. one critic): functions over the whole population.
+
+    init(key, hparams [pop]) -> state          # member leaves [pop, ...] and shared leaves
+    update(keys [pop], state, batch [pop, B, ...], hparams [pop], ...) -> (state, metrics [pop])
+    act(keys [pop], state, obs [pop, ...], hparams [pop]) -> actions
+    policy(state, obs [pop, ...]) -> actions
+    member_axes: a prefix pytree of the state, True where leaves have the member axis
+
+    Written per member and vmapped with ``axis_name="pop"``; every reduction over members is a
+    collective on that axis (and on the device axis when each device holds a slice), so one
+    function serves one device, the compiler's sharding and per-device programs.
+    """
+
+    init: Callable
+    update: Callable
+    act: Callable
+    policy: Callable
+    member_axes: Any
 
 
 @dataclasses.dataclass(frozen=True)
