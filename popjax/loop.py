@@ -110,18 +110,17 @@ class Loop:
         self.wall_s = 0.0
         self.history: list[np.ndarray] = []  # eval returns per evaluation
         self.checkpointer = None  # a popjax.checkpoint.Checkpointer, set by popjax.experiment
-        self._state_shardings = None
+        self.members = placement.members(config.pop_size)  # as seen inside the programs
+        self.axes = driver.member_axes
+        self.state_shardings = placement.shardings(jax.eval_shape(driver.init, self.key(KeyPurpose.INIT, 0)),
+                                                   self.axes)
 
     # --- programs ------------------------------------------------------------------------------
     def key(self, purpose: KeyPurpose, iteration: int | None = None) -> Key:
         return key_for(self.config.seed, purpose, self.iteration if iteration is None else iteration)
 
-    @property
-    def members_ids(self):
-        return self.placement.members(self.config.pop_size).ids
-
     def _actor_ids(self, spec: Episodes):
-        return self.members_ids() if spec.actors is None else jnp.arange(spec.actors, dtype=jnp.int32)
+        return self.members.ids() if spec.actors is None else jnp.arange(spec.actors, dtype=jnp.int32)
 
     def _step_act(self, key: Key, t, state, obs):
         """The driver's act with the key of step ``t`` (derived inside the compiled call)."""
@@ -142,50 +141,33 @@ class Loop:
         state, learned = self.local.learn(key_learn, state, experience)
         return state, env_state, {**metrics, **learned}
 
-    def _program(self, fn, in_axes, out_axes):
-        return self.placement.program(fn, in_axes, out_axes)
-
-    @property
-    def _axes(self):
-        return self.driver.member_axes
-
-    def _state_out(self):
-        return self._state_shardings
-
     # --- state ---------------------------------------------------------------------------------
     def initial_state(self):
         """A fresh driver state and env state, placed on the devices."""
-        init = self.compiler("init", self.driver.init, self.key(KeyPurpose.INIT, 0),
-                             out_shardings=self._shardings_of(self.driver.init, self.key(KeyPurpose.INIT, 0)))
-        state = init(self.key(KeyPurpose.INIT, 0))
-        return state, self._reset_envs()
-
-    def _shardings_of(self, init, key):
-        self._state_shardings = self.placement.shardings(jax.eval_shape(init, key), self._axes)
-        return self._state_shardings
-
-    def _reset_envs(self):
+        key = self.key(KeyPurpose.INIT, 0)
+        state = self.compiler("init", self.driver.init, key, out_shardings=self.state_shardings)(key)
         key = self.key(KeyPurpose.ENV_RESET, 0)
         if not self.runner.jax_path:
-            return self.runner.reset(key)
-        reset = self._program(self.runner.reset, (False,), True)
+            return state, self.runner.reset(key)
+        reset = self._reset_program()
         env_shardings = self.placement.shardings(jax.eval_shape(reset, key), True)
         # Compiled: run op by op, a brax reset takes tens of seconds and aliases buffers.
-        return self.compiler("reset", reset, key, out_shardings=env_shardings)(key)
+        return state, self.compiler("reset", reset, key, out_shardings=env_shardings)(key)
+
+    def _reset_program(self):
+        return self.placement.program(self.runner.reset, (False,), True)
 
     def state_template(self):
         """Shapes of ``(state, env_state)`` (checkpoint restore)."""
-        key = self.key(KeyPurpose.INIT, 0)
-        self._shardings_of(self.driver.init, key)
-        state = jax.eval_shape(self.driver.init, key)
+        state = jax.eval_shape(self.driver.init, self.key(KeyPurpose.INIT, 0))
         env = None
         if self.runner.jax_path:
-            env = jax.eval_shape(self._program(self.runner.reset, (False,), True), self.key(KeyPurpose.ENV_RESET, 0))
+            env = jax.eval_shape(self._reset_program(), self.key(KeyPurpose.ENV_RESET, 0))
         return state, env
 
     def place(self, state, env_state):
         """Restored numpy trees onto the devices."""
-        state = self.placement.put(jax.tree.map(jnp.asarray, state), self._axes)
+        state = self.placement.put(jax.tree.map(jnp.asarray, state), self.axes)
         if env_state is not None:
             env_state = self.placement.put(jax.tree.map(jnp.asarray, env_state), True)
         return state, env_state
@@ -194,26 +176,24 @@ class Loop:
     def step(self, state, env_state):
         """One iteration; returns ``(state, env_state, metrics)`` (metrics as numpy ``[pop]``)."""
         keys = (self.key(KeyPurpose.PREPARE), self.key(KeyPurpose.COLLECT), self.key(KeyPurpose.LEARN))
-        axes = self._axes
+        axes = self.axes
         if self.runner.jax_path:
-            program = self._program(self._jax_iteration, (False, False, False, axes, True), (axes, True, True))
+            program = self.placement.program(self._jax_iteration, (False, False, False, axes, True), (axes, True, True))
             env_shardings = jax.tree.map(lambda x: x.sharding, env_state)
             iteration = self.compiler("iteration", program, *keys, state, env_state, donate=(3, 4),
-                                      out_shardings=(self._state_out(), env_shardings, None))
+                                      out_shardings=(self.state_shardings, env_shardings, None))
             state, env_state, metrics = iteration(*keys, state, env_state)
         else:
             metrics = {}
             if self.local.prepare is not None:
-                prepare = self._program(self.local.prepare, (False, axes), (axes, True))
+                prepare = self.placement.program(self.local.prepare, (False, axes), (axes, True))
                 prepare = self.compiler("prepare", prepare, keys[0], state, donate=(1,),
-                                        out_shardings=(self._state_out(), None))
+                                        out_shardings=(self.state_shardings, None))
                 state, metrics = prepare(keys[0], state)
-            act = self._program(self._step_act, (False, False, axes, True), True)
-            act = self._host_act(act, state)
-            _, experience = self._host_interact(keys[1], act, state)
-            learn = self._program(self.local.learn, (False, axes, True), (axes, True))
+            _, experience = self._host_interact(keys[1], self._host_act(), state)
+            learn = self.placement.program(self.local.learn, (False, axes, True), (axes, True))
             learn = self.compiler("learn", learn, keys[2], state, experience, donate=(1,),
-                                  out_shardings=(self._state_out(), None))
+                                  out_shardings=(self.state_shardings, None))
             state, learned = learn(keys[2], state, experience)
             metrics = {**metrics, **learned}
         self.iteration += 1
@@ -226,14 +206,13 @@ class Loop:
         """
         key = self.key(KeyPurpose.COLLECT, iteration)
         if not self.runner.jax_path:
-            act = self._host_act(self._program(self._step_act, (False, False, self._axes, True), True), state)
-            return self._host_interact(key, act, state)
-        program = self._program(self._interact, (False, self._axes, True), (True, True))
+            return self._host_interact(key, self._host_act(), state)
+        program = self.placement.program(self._interact, (False, self.axes, True), (True, True))
         return self.compiler("collect", program, key, state, env_state)(key, state, env_state)
 
-    def _host_act(self, act, state):
-        """The compiled acting program (compiled at its first call, when obs are known)."""
-        compiler = self.compiler
+    def _host_act(self):
+        """The compiled acting program of the host path (compiled at its first call, when obs are known)."""
+        act, compiler = self.placement.program(self._step_act, (False, False, self.axes, True), True), self.compiler
 
         def call(key, t, actor, obs):
             return compiler("act", act, key, t, actor, obs)(key, t, actor, obs)
@@ -255,9 +234,9 @@ class Loop:
             def evaluate(key, state):
                 return self.runner.evaluate(key, self.local.policy, state, self._actor_ids(spec), spec.episodes)
 
-            program = self.compiler("evaluate", self._program(evaluate, (False, self._axes), out_axes), key, state)
-            return np.asarray(program(key, state))
-        policy = self._program(self.local.policy, (self._axes, out_axes), out_axes)
+            program = self.placement.program(evaluate, (False, self.axes), out_axes)
+            return np.asarray(self.compiler("evaluate", program, key, state)(key, state))
+        policy = self.placement.program(self.local.policy, (self.axes, out_axes), out_axes)
         compiler = self.compiler
         compiled = lambda actor, obs: compiler("policy", policy, actor, obs)(actor, obs)
         actors = self.config.pop_size if spec.actors is None else spec.actors
@@ -270,7 +249,7 @@ class Loop:
             key = self.key(KeyPurpose.AFTER_EVAL)
             returns_device = jnp.asarray(returns, jnp.float32)
             program = self.compiler("after_eval", self.driver.after_eval, key, state, returns_device, donate=(1,),
-                                    out_shardings=(self._state_out(), None))
+                                    out_shardings=(self.state_shardings, None))
             state, info = program(key, state, returns_device)
             info = jax.device_get(info)
         return state, info

@@ -35,6 +35,9 @@ def run_cli(argv, capsys):
         (["--learner-config", "widths=[3]"], "learner_config: unknown key(s) widths"),
         (["--set", "colour=red"], "unknown option(s) colour"),
         (["--warmup", "5000", "--steps", "1000"], "warmup_steps: 5000 leaves no training"),
+        (["--parallel", "mpi"], "parallel: 'mpi' unknown; allowed: sharding, pmap"),
+        (["--driver", "cemrl", "--parallel", "pmap"], "parallel: the cemrl driver does not run as one program per"),
+        (["--set", "pbt=[1, 2]"], "pbt: expected dict, got [1, 2]"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(argv, message, capsys, tmp_path):

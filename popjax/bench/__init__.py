@@ -14,6 +14,8 @@ device description, library versions, load averages) and ``<out>/<study>.png``;
 - ``train``: end-to-end env steps/s of ``popjax.experiment.train`` and the share of wall time
   spent in the compiled update;
 - ``shared_critic``: shared-critic TD3 (CEM-RL/DvD) update vs N (``popjax.bench.shared_critic``);
+- ``drivers``: time per training iteration of every driver, on 1 and more devices, both
+  ``--parallel`` paths (``popjax.bench.drivers``);
 - ``report``: regenerate ``benchmarks/RESULTS.md`` from the JSON results.
 
 ``--devices 1,2`` splits the population over 1 and then 2 devices (on a CPU, host devices
@@ -28,7 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "report")
+STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "report")
 
 _DEFAULT_POPS = {
     "update": "1,2,4,8,16,32,64",
@@ -37,6 +39,7 @@ _DEFAULT_POPS = {
     "envstep": "1,4,16",
     "train": "1,4,16",
     "shared_critic": "1,2,4,8,16",
+    "drivers": "4",
 }
 _HELP = {
     "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
@@ -45,6 +48,7 @@ _HELP = {
     "envstep": "ms per env interaction, gym MuJoCo and brax",
     "train": "end-to-end env steps/s of popjax.experiment.train and the share of time in the compiled update",
     "shared_critic": "shared-critic TD3 update vs N (popjax.bench.shared_critic)",
+    "drivers": "time per training iteration of every driver on 1 and more devices (sharding and pmap)",
     "report": "regenerate benchmarks/RESULTS.md from the JSON results",
 }
 
@@ -115,6 +119,16 @@ _EXTRA: dict[str, tuple] = {
         (("--env",), {"default": "gym:HalfCheetah-v5,brax:halfcheetah", "help": "comma-separated env names"}),
         (("--env-steps",), {"type": int, "default": 3000, "help": "env steps per member"}),
         (("--warmup",), {"type": int, "default": 500, "help": "random warm-up env steps per member"}),
+        (("--rollout-len",), {"type": int, "default": 50, "help": "env steps per env per iteration (K)"}),
+    ),
+    "drivers": (
+        _HIDDEN,
+        _BATCH,
+        (("--driver",), {"default": "independent,pbt,cemrl,dvd", "help": "comma-separated drivers"}),
+        (("--parallel",), {"default": "sharding,pmap", "help": "parallel paths for device counts > 1"}),
+        (("--env",), {"default": "probe:pendulum", "help": "a JAX env (the iteration is one compiled call)"}),
+        (("--env-steps",), {"type": int, "default": 2000, "help": "env steps per member"}),
+        (("--warmup",), {"type": int, "default": 200, "help": "random warm-up env steps per member"}),
         (("--rollout-len",), {"type": int, "default": 50, "help": "env steps per env per iteration (K)"}),
     ),
     "shared_critic": (

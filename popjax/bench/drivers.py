@@ -1,0 +1,115 @@
+"""Study ``drivers``: time per training iteration of every driver, on 1 and more devices.
+
+For each driver, device count and ``--parallel`` path (``pmap`` only for drivers that have
+it), one real ``popjax.train`` run on a JAX env (the iteration is one compiled call) with the
+loop's compiled programs wrapped by a timer that blocks on their outputs. Reported per run:
+the median and IQR of the iterations' call times (the first quarter, which holds the warm-up
+iterations that only collect, is left out), the compile time, and the ratio to the same driver on one device.
+On a CPU the devices are forced host devices sharing the same cores: the ratio shows the
+cost of splitting (collectives, smaller per-device batches), not a speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from popjax.bench import common
+from popjax.bench.common import log
+from popjax.bench.train import CallTimer, timing_hook
+
+STUDY = "drivers"
+# Per-driver options that make every mechanism act within a short run.
+DRIVER_OPTIONS = {
+    "pbt": {"pbt": {"quantile": 0.25}},
+    "cemrl": {"cemrl": {"updates_per_call": 50}},
+    "dvd": {},
+}
+
+
+def run_one(driver: str, devices: int, parallel: str, pop: int, env: str, env_steps: int, warmup: int,
+            rollout_len: int, batch_size: int, hidden, seed: int, work_dir: Path) -> dict[str, Any]:
+    from popjax.experiment import train
+
+    options = dict(learner="td3", env=env, driver=driver, pop_size=pop, total_env_steps=env_steps,
+                   warmup_steps=warmup, rollout_len=rollout_len, batch_size=batch_size, eval_interval=env_steps // 4,
+                   eval_episodes=1, buffer_size=max(env_steps * pop, 4 * batch_size), seed=seed, progress=False,
+                   devices=devices, parallel=parallel, learner_config={"hidden": list(hidden)},
+                   **DRIVER_OPTIONS.get(driver, {}))
+    timer = CallTimer()
+    with timing_hook(timer):
+        run = train(out_dir=work_dir / f"{driver}-{parallel}-{devices}", **options)
+    # The first quarter of the iterations is left out: warm-up iterations collect only (a rollout
+    # driver's first warmup / rollout_len, CEM-RL's first generation), whatever the driver.
+    calls = timer.times.get("iteration", [])
+    training = calls[len(calls) // 4:]
+    stats = common.summarize(training)
+    return {"driver": driver, "devices": devices, "parallel": parallel, "pop": pop, "env": env,
+            "iteration_s": stats["median_s"], "iteration_iqr_s": stats["iqr_s"], "iterations_timed": len(training),
+            "compile_s": run.summary["compile_s"], "wall_s": run.summary["wall_s"],
+            "updates": run.summary["updates"], "state_shards": common.shards(run.state), "config": options}
+
+
+def run(drivers=("independent", "pbt", "cemrl", "dvd"), devices=(1, 2), parallel=("sharding", "pmap"), pop=4,
+        env="probe:pendulum", env_steps=2000, warmup=200, rollout_len=50, batch_size=64, hidden=(64, 64),
+        out_dir=common.DEFAULT_OUT, seed=0, plot=True) -> dict[str, Any]:
+    from popjax.drivers import DRIVERS
+
+    unknown = sorted(set(drivers) - set(DRIVERS))
+    if unknown:
+        raise ValueError(f"--driver: unknown {', '.join(unknown)}; allowed: {', '.join(DRIVERS)}")
+    common.request_devices(devices)
+    started, load_before = common.utc_now(), common.load_average()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="popjax-bench-drivers-") as tmp:
+        for driver in drivers:
+            for d in devices:
+                paths = ["sharding"] if d == 1 else [p for p in parallel if p == "sharding" or DRIVERS[driver].pmap]
+                for path in paths:
+                    row = run_one(driver, d, path, pop, env, env_steps, warmup, rollout_len, batch_size, hidden,
+                                  seed, Path(tmp))
+                    results.append(row)
+                    log(f"  {driver:12s} devices {d} {path:8s}: {1e3 * row['iteration_s']:8.2f} ms/iteration "
+                        f"(IQR {1e3 * row['iteration_iqr_s']:.2f}, {row['iterations_timed']} calls; "
+                        f"compile {row['compile_s']:.1f} s)")
+    for row in results:
+        base = next(r for r in results if r["driver"] == row["driver"] and r["devices"] == 1)
+        row["vs_one_device"] = row["iteration_s"] / base["iteration_s"]
+    params = {"drivers": list(drivers), "devices": list(devices), "parallel": list(parallel), "pop": pop, "env": env,
+              "env_steps_per_member": env_steps, "warmup_steps": warmup, "rollout_len": rollout_len,
+              "updates_per_iteration": rollout_len, "batch_size": batch_size, "hidden": list(hidden), "seed": seed}
+    payload = common.study_payload(STUDY, params, results, started, load_before=load_before,
+                                   load_after=common.load_average())
+    return common.write_study(out_dir, STUDY, payload, plot_drivers, plot)
+
+
+def plot_drivers(payload: dict[str, Any], path) -> Any:
+    plt = common.pyplot()
+    rows = payload["results"]
+    labels = sorted({(r["devices"], r["parallel"]) for r in rows})
+    drivers = list(dict.fromkeys(r["driver"] for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / len(labels)
+    for i, (d, path_name) in enumerate(labels):
+        values = [next((1e3 * r["iteration_s"] for r in rows if r["driver"] == name and r["devices"] == d
+                        and r["parallel"] == path_name), 0.0) for name in drivers]
+        ax.bar([j + i * width for j in range(len(drivers))], values, width, label=f"{d} device(s), {path_name}")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(drivers))], drivers)
+    p = payload["params"]
+    ax.set(ylabel="ms per training iteration (median)",
+           title=f"one iteration: {p['rollout_len']} env steps + {p['updates_per_iteration']} updates, "
+                 f"pop {p['pop']}, {p['env']}")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return common.save_figure(fig, path, payload["machine"])
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    return run(drivers=[x for x in args.driver.split(",") if x], devices=common.parse_int_list(args.devices),
+               parallel=[x for x in args.parallel.split(",") if x], pop=common.parse_int_list(args.pop)[0],
+               env=args.env, env_steps=args.env_steps, warmup=args.warmup, rollout_len=args.rollout_len,
+               batch_size=args.batch_size or 64,
+               hidden=common.parse_int_list(args.hidden) if args.hidden else (64, 64), out_dir=args.out,
+               seed=args.seed, plot=not args.no_plot)
