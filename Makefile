@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BENCH) envstep --gym HalfCheetah-v5,Hopper-v5,Walker2d-v5,Ant-v5,Humanoid-v5 --brax halfcheetah --pop 1,4,16
 	$(BENCH) train --env gym:HalfCheetah-v5,brax:halfcheetah --pop 1,4,16 --env-steps 1000 --warmup 250
 	$(BENCH) shared_critic --pop 1,2,4,8,16
+	$(BENCH) drivers --devices 1,2
 	$(BENCH) report
 
 clean:
