@@ -35,6 +35,13 @@ class CheckpointWarning(UserWarning):
     """A checkpoint could not be used (it is skipped and the previous one is tried)."""
 
 
+class CheckpointMismatch(ValueError):
+    """A readable checkpoint whose arrays do not fit the run (another config or popjax version).
+
+    Raised, never skipped: the checkpoint is not damaged, and it is never deleted.
+    """
+
+
 def _is_key(x) -> bool:
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
@@ -60,12 +67,12 @@ def unflatten(template: PyTree, arrays: dict[str, Any], sigs: list[dict[str, Any
     """Inverse of ``flatten`` into the structure of ``template``; checks shapes, dtypes, CRCs."""
     leaves, treedef = jax.tree.flatten(template)
     if len(leaves) != len(sigs):
-        raise ValueError(f"checkpoint has {len(sigs)} leaves, the run expects {len(leaves)}")
+        raise CheckpointMismatch(f"checkpoint has {len(sigs)} leaves, the run expects {len(leaves)}")
     out = []
     for i, (leaf, sig) in enumerate(zip(leaves, sigs, strict=True)):
         shape, dtype = tuple(sig["shape"]), np.dtype(sig["dtype"])
         if tuple(leaf.shape) != shape or np.dtype(leaf.dtype) != dtype:
-            raise ValueError(f"leaf {i}: checkpoint has {dtype}{list(shape)}, the run expects "
+            raise CheckpointMismatch(f"leaf {i}: checkpoint has {dtype}{list(shape)}, the run expects "
                              f"{np.dtype(leaf.dtype)}{list(leaf.shape)} (was the config changed?)")
         a = np.asarray(arrays[f"{i:05d}"]) if int(np.prod(shape)) else np.zeros(shape, dtype)
         if a.shape != shape or a.dtype != dtype or _crc(a) != sig["crc32"]:
@@ -110,13 +117,16 @@ class Checkpointer:
     def restore_latest(self, template: PyTree) -> tuple[int, PyTree, dict[str, Any]] | None:
         """The newest step that restores cleanly, as ``(step, tree, meta)``; None if there is none.
 
-        Steps that fail are reported with a ``CheckpointWarning`` and deleted, so that the
-        resumed run can write those step numbers again.
+        Damaged steps are reported with a ``CheckpointWarning`` and deleted, so that the
+        resumed run can write those step numbers again. A step that reads cleanly but does not
+        fit ``template`` raises ``CheckpointMismatch`` and nothing is deleted.
         """
         for step in reversed(self.steps()):
             try:
                 tree, meta = self.restore(step, template)
                 return step, tree, meta
+            except CheckpointMismatch:
+                raise
             except Exception as err:  # noqa: BLE001 - any damage means: use the previous one
                 msg = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
                 warnings.warn(f"checkpoint {self.directory / str(step)} is unusable ({msg}); "

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from popjax.checkpoint import Checkpointer, CheckpointMismatch
 from popjax.config import ConfigError, RunConfig, make_config
 from popjax.drivers import DRIVERS
 from popjax.drivers.base import BuildContext
@@ -140,10 +141,15 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
     config = make_config(**{**run_dir.read_config(), **overrides})
     loop = build(config)
     loop.run_dir = RunDir(run_dir.path, tensorboard=config.tensorboard)
+    loop.checkpointer = _checkpointer(loop.run_dir)
+    try:
+        restored = loop.restore_checkpoint()
+    except CheckpointMismatch as err:
+        loop.checkpointer.close()
+        raise ConfigError(f"resume: the checkpoints of {run_dir.path} do not fit this configuration ({err}); "
+                          "nothing was changed") from None
     if overrides:
         loop.run_dir.write_config(config.to_dict())
-    loop.checkpointer = _checkpointer(loop.run_dir)
-    restored = loop.restore_checkpoint()
     if restored is None:
         warnings.warn(f"{run_dir.path}: no usable checkpoint; training from the start", stacklevel=2)
         _clear_run_outputs(loop.run_dir)
@@ -169,9 +175,7 @@ def plot_run(run_dir) -> list[Path]:
     return written + (definition.plots(rd) if definition else [])
 
 
-def _checkpointer(run_dir: RunDir):
-    from popjax.checkpoint import Checkpointer
-
+def _checkpointer(run_dir: RunDir) -> Checkpointer:
     return Checkpointer(run_dir.path / "checkpoints", max_to_keep=3)
 
 

@@ -348,26 +348,10 @@ def enable_xla_cache():
 
 
 def test_pbt_run_records_lineage_hparams_and_plots(tmp_path, monkeypatch):
-    import dataclasses
-
     import popjax
-    from popjax.learners import LEARNERS
 
     enable_xla_cache()
-    traces = []
-    definition = LEARNERS["td3"]
-
-    def make(config, spec):
-        learner = definition.make(config, spec)
-        inner = learner.update
-
-        def update(*args):
-            traces.append(1)
-            return inner(*args)
-
-        return learner._replace(update=update)
-
-    monkeypatch.setitem(LEARNERS, "td3", dataclasses.replace(definition, make=make))
+    traces = counted_td3(monkeypatch)
     run = popjax.train(out_dir=tmp_path, **PBT_RUN)
     lineage = run.summary["lineage"]
     # ready at 500 and 1000 (not at 1500 = the end); one loser per round with pop 2

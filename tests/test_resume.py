@@ -129,6 +129,15 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(reference, tmp
     assert Checkpointer(ckpts).steps()[-1] == 60
 
 
+def test_resume_with_a_config_that_does_not_fit_the_checkpoints_changes_nothing(reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference.out_dir, out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(popjax.ConfigError, match="do not fit this configuration .*nothing was changed"):
+        resume(out, pop_size=4, pbt={"interval": 500, "quantile": 0.25})
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 @pytest.mark.slow
 def test_independent_driver_resume_is_exact(tmp_path):
     """The base loop without driver state: cut after the evaluation at 1000 steps, resume, compare."""
