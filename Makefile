@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements.lock
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/popjax train --config experiments/default.yaml --out runs/default
+	$(BIN)/popjax train --config experiments/default.yaml --out runs/default --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile

@@ -114,12 +114,22 @@ class Checkpointer:
         tree = unflatten(template, restored["arrays"], meta.pop("leaves"))
         return tree, meta
 
+    def latest_meta(self) -> dict[str, Any] | None:
+        """The JSON meta of the newest step that reads (no arrays are loaded); None without one."""
+        for step in reversed(self.steps()):
+            try:
+                return dict(self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+            except Exception:  # noqa: BLE001 - damaged: restore_latest reports and sets it aside
+                continue
+        return None
+
     def restore_latest(self, template: PyTree) -> tuple[int, PyTree, dict[str, Any]] | None:
         """The newest step that restores cleanly, as ``(step, tree, meta)``; None if there is none.
 
-        Damaged steps are reported with a ``CheckpointWarning`` and deleted, so that the
-        resumed run can write those step numbers again. A step that reads cleanly but does not
-        fit ``template`` raises ``CheckpointMismatch`` and nothing is deleted.
+        Damaged steps are reported with a ``CheckpointWarning`` and set aside (renamed
+        ``damaged-<step>``, never deleted), so that the resumed run can write those step numbers
+        again. A step that reads cleanly but does not fit ``template`` raises
+        ``CheckpointMismatch`` and nothing is moved.
         """
         for step in reversed(self.steps()):
             try:
@@ -131,8 +141,24 @@ class Checkpointer:
                 msg = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
                 warnings.warn(f"checkpoint {self.directory / str(step)} is unusable ({msg}); "
                               "falling back to the previous one", CheckpointWarning, stacklevel=2)
-                self.delete(step)
+                self.set_aside(step)
         return None
+
+    def set_aside(self, step: int) -> Path:
+        """Renames a damaged step out of the manager's sight (``damaged-<step>[-n]``); returns its new path."""
+        self._manager.close()
+        source = self.directory / str(step)
+        target = self.directory / f"damaged-{step}"
+        n = 1
+        while target.exists():
+            target, n = self.directory / f"damaged-{step}-{n}", n + 1
+        source.rename(target)
+        self._manager = self._open()
+        return target
+
+    def damaged(self) -> list[Path]:
+        """The steps set aside as damaged."""
+        return sorted(self.directory.glob("damaged-*"))
 
     def delete(self, step: int) -> None:
         try:
@@ -141,12 +167,6 @@ class Checkpointer:
             shutil.rmtree(self.directory / str(step), ignore_errors=True)
         self._manager.close()
         self._manager = self._open()
-
-    def delete_after(self, step: int) -> None:
-        """Removes steps newer than ``step`` (a resumed run rewrites them)."""
-        for s in self.steps():
-            if s > step:
-                self.delete(s)
 
     def close(self) -> None:
         self._manager.close()

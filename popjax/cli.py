@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", type=_key_value, default=[], metavar="OPTION=VALUE",
                        help="any other RunConfig option, e.g. pbt={interval: 5000} (repeatable)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace the run in --out (only a directory popjax created; only its own files go)")
 
     resume = sub.add_parser("resume", help="continue a killed or finished run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
             options = train_options(args)
             out = args.out or Path("runs") / f"{options.get('learner', 'td3')}-{options.get('env', 'default')}"
-            _print_results(train(out_dir=str(out).replace(":", "_"), **options))
+            _print_results(train(out_dir=str(out).replace(":", "_"), overwrite=args.overwrite, **options))
         elif args.command == "resume":
             from popjax.experiment import resume
 

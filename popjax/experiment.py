@@ -7,8 +7,6 @@ is written or compiled; the training itself is ``popjax.loop.Loop``.
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from popjax.plots import learning_curves
 from popjax.population.hparams import Range, check_hparams, population_hparams
 from popjax.population.members import Members
 from popjax.population.sharding import Placement
-from popjax.rundir import RunDir
+from popjax.rundir import RunDir, RunLock, check_new_run, start_run
 
 
 @dataclasses.dataclass
@@ -88,30 +86,37 @@ def build(config: RunConfig) -> Loop:
     return Loop(config, driver, local, runner, placement)
 
 
-def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest", **options: Any) -> Run:
+def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest", overwrite: bool = False,
+          **options: Any) -> Run:
     """Trains a population and writes its run directory.
 
     Args:
       config: a RunConfig; or pass its fields as keyword options
         (``learner="td3", env="gym:Pendulum-v1", pop_size=8, total_env_steps=200_000, ...``).
-      out_dir: the run directory (config.yaml, metrics.csv, summary.json, plots/).
+      out_dir: the run directory (config.yaml, metrics.csv, summary.json, plots/): a new or
+        empty directory, or with ``overwrite`` a run directory popjax created.
+      overwrite: replace the run in ``out_dir`` (only popjax's own files are removed).
 
     Returns:
       A ``Run`` with ``summary`` (as in summary.json), ``out_dir`` and the final ``state``.
 
     Raises:
-      ConfigError: invalid options, raised before anything is written or compiled.
+      ConfigError: invalid options or an unusable ``out_dir``, raised before anything is written
+        or compiled.
     """
     if config is None:
         config = make_config(**options)
-    elif options:
-        config = make_config(**{**config.to_dict(), **options})
+    else:
+        config = make_config(**{**config.to_dict(), **options})  # a RunConfig built directly is validated too
+    out_dir = Path(out_dir)
+    check_new_run(out_dir, overwrite)
     loop = build(config)
-    loop.run_dir = RunDir(out_dir, tensorboard=config.tensorboard)
-    loop.run_dir.write_config(config.to_dict())
-    _clear_run_outputs(loop.run_dir)
-    loop.checkpointer = _checkpointer(loop.run_dir)
-    return _finish(loop, *loop.initial_state())
+    run_dir = RunDir(out_dir, tensorboard=config.tensorboard)
+    with RunLock(out_dir):
+        start_run(run_dir)
+        run_dir.write_config(config.to_dict())
+        loop.run_dir, loop.checkpointer = run_dir, _checkpointer(run_dir)
+        return _finish(loop, *loop.initial_state())
 
 
 def resume(run_dir: str | Path, **overrides: Any) -> Run:
@@ -128,38 +133,69 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
     either way.
 
     Rows of metrics.csv logged after the checkpoint are dropped and logged again, so none is
-    lost or duplicated. A damaged newest checkpoint is skipped with a warning.
+    lost or duplicated. A damaged checkpoint is skipped with a warning and set aside (renamed
+    ``damaged-<step>``). Nothing is changed, and a ``ConfigError`` says why, when the config
+    cannot be read, when the checkpoints do not fit the config, or when every checkpoint is
+    damaged. A finished run is left as it is unless ``total_env_steps`` extends it. One process
+    at a time: a run that is being written is refused.
 
     Args:
       run_dir: a run directory written by ``train``.
       overrides: RunConfig fields to change (e.g. ``total_env_steps`` to extend a run,
-        ``progress``); fields that change array shapes make the checkpoint unusable.
+        ``progress``).
     """
-    run_dir = RunDir(run_dir)
-    if not (run_dir.path / "config.yaml").exists():
-        raise ConfigError(f"resume: {run_dir.path} is not a run directory (no config.yaml)")
-    config = make_config(**{**run_dir.read_config(), **overrides})
+    rd = RunDir(run_dir)
+    config = make_config(**{**rd.read_config(), **overrides})
     loop = build(config)
-    loop.run_dir = RunDir(run_dir.path, tensorboard=config.tensorboard)
-    loop.checkpointer = _checkpointer(loop.run_dir)
-    try:
-        restored = loop.restore_checkpoint()
-    except CheckpointMismatch as err:
-        loop.checkpointer.close()
-        raise ConfigError(f"resume: the checkpoints of {run_dir.path} do not fit this configuration ({err}); "
-                          "nothing was changed") from None
-    if overrides:
-        loop.run_dir.write_config(config.to_dict())
-    if restored is None:
-        warnings.warn(f"{run_dir.path}: no usable checkpoint; training from the start", stacklevel=2)
-        _clear_run_outputs(loop.run_dir)
-        loop.checkpointer = _checkpointer(loop.run_dir)
-        restored = loop.initial_state()
-    else:
-        loop.checkpointer.delete_after(loop.iteration)
-        _drop_partial_metrics_row(loop.run_dir)
-        loop.run_dir.truncate_metrics(loop.counters(restored[0])[0])
-    return _finish(loop, *restored)
+    rd.tensorboard = config.tensorboard
+    with RunLock(rd.path):
+        loop.run_dir, loop.checkpointer = rd, _checkpointer(rd)
+        meta = loop.checkpointer.latest_meta()
+        if meta is not None and "config" in meta:
+            _check_fits(config, meta["config"], rd.path, loop.checkpointer)
+        try:
+            restored = loop.restore_checkpoint()
+        except CheckpointMismatch as err:
+            loop.checkpointer.close()
+            raise ConfigError(f"resume: the checkpoints of {rd.path} do not fit this configuration ({err}); "
+                              "nothing was changed") from None
+        damaged = loop.checkpointer.damaged()
+        if restored is None and damaged:
+            loop.checkpointer.close()
+            raise ConfigError(f"resume: no usable checkpoint in {rd.path} ({len(damaged)} damaged, set aside as "
+                              "damaged-<step>); start again with `popjax train --overwrite`")
+        if restored is None:  # killed before the first checkpoint: start over (rows without a checkpoint go)
+            rd.truncate_metrics(-1)
+            restored = loop.initial_state()
+        elif loop.counters(restored[0])[0] >= config.total_env_steps and (rd.path / "summary.json").exists():
+            loop.checkpointer.close()
+            return Run(rd.path, rd.read_summary(), restored[0])  # finished: nothing to do, nothing written
+        else:
+            _drop_partial_metrics_row(rd)
+            rd.truncate_metrics(loop.counters(restored[0])[0])
+        if overrides:
+            rd.write_config(config.to_dict())
+        return _finish(loop, *restored)
+
+
+# RunConfig fields a resume may change: they set the budget, cadence and placement, not what the
+# checkpointed state means.
+CHANGEABLE_ON_RESUME = ("total_env_steps", "eval_interval", "eval_episodes", "checkpoint_interval", "progress",
+                        "tensorboard", "devices", "parallel")
+
+
+def _check_fits(config: RunConfig, saved: dict[str, Any], path: Path, checkpointer: Checkpointer) -> None:
+    """A one-line ConfigError naming every field (besides ``CHANGEABLE_ON_RESUME``) that differs from the
+    config the checkpoints were written with (config.yaml edited, cut, or overridden)."""
+    current = config.to_dict()
+    saved = make_config(**saved).to_dict()  # the same normal form
+    names = sorted(set(current) | set(saved))
+    differ = [n for n in names if n not in CHANGEABLE_ON_RESUME and current.get(n, {}) != saved.get(n, {})]
+    if differ:
+        checkpointer.close()
+        detail = "; ".join(f"{n}: {current.get(n)!r} vs {saved.get(n)!r} in the checkpoints" for n in differ)
+        raise ConfigError(f"resume: the configuration of {path} differs from the run's checkpoints ({detail}); "
+                          f"only {', '.join(CHANGEABLE_ON_RESUME)} may change; nothing was changed")
 
 
 def plot_run(run_dir) -> list[Path]:
@@ -177,12 +213,6 @@ def plot_run(run_dir) -> list[Path]:
 
 def _checkpointer(run_dir: RunDir) -> Checkpointer:
     return Checkpointer(run_dir.path / "checkpoints", max_to_keep=3)
-
-
-def _clear_run_outputs(run_dir: RunDir) -> None:
-    """A fresh start: no metrics rows or checkpoints of an earlier run in the same directory."""
-    run_dir.metrics_path.unlink(missing_ok=True)
-    shutil.rmtree(run_dir.path / "checkpoints", ignore_errors=True)
 
 
 def _drop_partial_metrics_row(run_dir: RunDir) -> None:

@@ -301,7 +301,8 @@ class Loop:
     # --- checkpoints (exact resume) -------------------------------------------------------------
     def save_checkpoint(self, state, env_state) -> None:
         """Everything needed to continue after this iteration (keys are re-derived from the seed)."""
-        meta = {"iteration": self.iteration, "wall_s": self.wall_s, "compile_s": self.compiler.compile_s,
+        meta = {"config": self.config.to_dict(), "iteration": self.iteration, "wall_s": self.wall_s,
+                "compile_s": self.compiler.compile_s,
                 "history": [[_json_float(v) for v in r.tolist()] for r in self.history],
                 "driver": self.driver.host.state_dict()}
         self.checkpointer.save(self.iteration, {"state": state, "env_state": env_state}, meta)

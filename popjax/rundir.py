@@ -1,4 +1,10 @@
-"""The run directory: config.yaml, metrics.csv, summary.json, plots/ (format in DESIGN §9)."""
+"""The run directory: config.yaml, metrics.csv, summary.json, checkpoints/, plots/.
+
+A run's data is never lost: popjax writes into a directory only after every check has
+passed, marks the directories it creates as its own (``.popjax-run``), replaces one only when
+asked (``overwrite``) and only if it carries that mark, deletes no file it did not create, and
+lets one process at a time write a run (``.popjax-lock`` with the owner's pid).
+"""
 
 from __future__ import annotations
 
@@ -6,37 +12,68 @@ import csv
 import json
 import math
 import os
+import shutil
+import socket
+import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from popjax.config import ConfigError
+
 BASE_COLUMNS = ("env_steps", "updates", "wall_s", "member", "eval_return")
+MARKER = ".popjax-run"  # popjax created this directory: it may be replaced with overwrite
+LOCK = ".popjax-lock"  # the process writing the run: "<pid> <host>"
+# What popjax writes into a run directory (files, and patterns inside its folders); overwrite removes
+# these and nothing else.
+OUTPUT_FILES = ("config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", MARKER)
+OUTPUT_PATTERNS = {"checkpoints": ("[0-9]*", "damaged-*", "*.orbax-checkpoint-tmp-*"), "plots": ("*.png",),
+                   "tensorboard": ("events.out.tfevents.*",)}
 
 
 class RunDir:
-    """Writes one run's files; every write is atomic or append-only, so a kill loses nothing written."""
+    """One run's files; every write is atomic or append-only, so a kill loses nothing written.
+
+    Constructing it touches nothing on disk: the directory is created by the first write.
+    """
 
     def __init__(self, path: str | os.PathLike, tensorboard: bool = False):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "plots").mkdir(exist_ok=True)
+        self.tensorboard = tensorboard
         self._tensorboard = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
 
-            self._tensorboard = SummaryWriter(str(self.path / "tensorboard"))
+    def _ensure(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
 
     @property
     def metrics_path(self) -> Path:
         return self.path / "metrics.csv"
 
+    @property
+    def is_run(self) -> bool:
+        """A directory popjax created for a run (it carries the mark)."""
+        return (self.path / MARKER).is_file()
+
     def write_config(self, config: Mapping[str, Any]) -> None:
+        self._ensure()
         _atomic_write(self.path / "config.yaml", yaml.safe_dump(dict(config), sort_keys=False))
 
     def read_config(self) -> dict[str, Any]:
-        return yaml.safe_load((self.path / "config.yaml").read_text())
+        """The run's config.yaml; a missing, unreadable or cut file is a one-line ConfigError."""
+        path = self.path / "config.yaml"
+        if not path.is_file():
+            raise ConfigError(f"run_dir: {self.path} is not a run directory (no config.yaml)")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ConfigError(f"run_dir: {path} cannot be read ({first})") from None
+        if not isinstance(data, dict) or not data:
+            raise ConfigError(f"run_dir: {path} holds no configuration (empty or cut?); nothing was changed")
+        return data
 
     def append_metrics(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Appends rows (fsynced). Columns seen for the first time (e.g. learner metrics, which
@@ -44,6 +81,7 @@ class RunDir:
         empty cells in the older rows."""
         if not rows:
             return
+        self._ensure()
         exists = self.metrics_path.exists() and self.metrics_path.stat().st_size > 0
         columns = self.metric_columns() if exists else []
         new_columns = [k for row in rows for k in row if k not in columns]
@@ -59,11 +97,15 @@ class RunDir:
             writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
             f.flush()
             os.fsync(f.fileno())
-        if self._tensorboard is not None:
+        if self.tensorboard:
             self._write_tensorboard(rows)
 
     def _write_tensorboard(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Every numeric column as ``member_<m>/<column>`` at the row's env step."""
+        if self._tensorboard is None:
+            from tensorboardX import SummaryWriter
+
+            self._tensorboard = SummaryWriter(str(self.path / "tensorboard"))
         for row in rows:
             step = int(row["env_steps"])
             for name, value in row.items():
@@ -103,6 +145,7 @@ class RunDir:
         os.replace(tmp, self.metrics_path)
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
+        self._ensure()
         _atomic_write(self.path / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
 
     def read_summary(self) -> dict[str, Any]:
@@ -125,3 +168,104 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def check_new_run(path: Path, overwrite: bool) -> None:
+    """Raises ConfigError unless ``path`` can receive a new run (nothing is written here).
+
+    Free: it does not exist, or it is an empty directory. A popjax run directory: only with
+    ``overwrite``. Anything else (a file, a directory of other files, not writable): never.
+    """
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out_dir: {path} is a file, not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        if not RunDir(path).is_run:
+            raise ConfigError(f"out_dir: {path} is not empty and popjax did not create it; choose another --out "
+                              "(popjax never deletes files it did not write)")
+        if not overwrite:
+            raise ConfigError(f"out_dir: {path} holds a run; continue it with `popjax resume {path}`, or replace it "
+                              "with --overwrite")
+    parent = path if path.is_dir() else next(p for p in path.absolute().parents if p.exists())
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"out_dir: {parent} is not writable")
+
+
+def start_run(run_dir: RunDir) -> None:
+    """Marks ``run_dir`` as a popjax run (locked by the caller), removing an earlier run's outputs.
+
+    Only popjax's own outputs go (``OUTPUT_FILES``, ``OUTPUT_PATTERNS``); any other file stays.
+    """
+    for name in OUTPUT_FILES:
+        (run_dir.path / name).unlink(missing_ok=True)
+    for folder, patterns in OUTPUT_PATTERNS.items():
+        for pattern in patterns:
+            for target in (run_dir.path / folder).glob(pattern):
+                shutil.rmtree(target) if target.is_dir() else target.unlink()
+        if (run_dir.path / folder).is_dir() and not any((run_dir.path / folder).iterdir()):
+            (run_dir.path / folder).rmdir()
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    _atomic_write(run_dir.path / MARKER, json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                                      "pid": os.getpid()}) + "\n")
+
+
+class RunLock:
+    """One writer per run directory: ``.popjax-lock`` holds ``<pid> <host>`` of the process writing it.
+
+    A second ``train``/``resume`` of the same directory gets a ConfigError naming the owner; a
+    lock left by a process that no longer runs (killed) is taken over with a warning.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path) / LOCK
+        self.owned = False
+
+    def acquire(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = f"{os.getpid()} {socket.gethostname()}"
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pid, host = _read_lock(self.path)
+                if pid is not None and (host != socket.gethostname() or _alive(pid)):
+                    where = "" if host == socket.gethostname() else f" on {host}"
+                    raise ConfigError(f"run_dir: {self.path.parent} is in use by pid {pid}{where} "
+                                      f"(remove {self.path} if that process is gone)") from None
+                warnings.warn(f"{self.path.parent}: taking over the lock of pid {pid}, which no longer runs",
+                              RuntimeWarning, stacklevel=3)
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(me + "\n")
+            self.owned = True
+            return self
+        raise ConfigError(f"run_dir: could not lock {self.path.parent}")
+
+    def release(self) -> None:
+        if self.owned and _read_lock(self.path)[0] == os.getpid():
+            self.path.unlink(missing_ok=True)
+        self.owned = False
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_lock(path: Path) -> tuple[int | None, str]:
+    try:
+        pid, host = path.read_text().split()
+        return int(pid), host
+    except (OSError, ValueError):
+        return None, ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True

@@ -1,0 +1,172 @@
+"""A run's data is never lost: popjax refuses, rather than deletes or overwrites, what it did not create.
+
+Every refusal is a one-line ``ConfigError`` and leaves the directory byte for byte as it was.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import popjax
+from popjax import cli
+from popjax.checkpoint import Checkpointer
+from popjax.rundir import LOCK, MARKER
+
+TINY = dict(learner="td3", env="probe:pendulum", pop_size=2, total_env_steps=300, rollout_len=50, warmup_steps=100,
+            eval_interval=100, eval_episodes=1, batch_size=16, buffer_size=500, learner_config={"hidden": [8, 8]},
+            progress=False)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    return popjax.train(out_dir=tmp_path_factory.mktemp("runs") / "run", **TINY)
+
+
+@pytest.fixture
+def run_copy(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished.out_dir, out)
+    return out
+
+
+def snapshot(path):
+    """Every file under ``path`` with its bytes (and the directories, so a new empty one shows)."""
+    return {p.relative_to(path): (p.read_bytes() if p.is_file() else None) for p in sorted(path.rglob("*"))}
+
+
+def refused(match, fn, *args, **kwargs):
+    with pytest.raises(popjax.ConfigError, match=match) as err:
+        fn(*args, **kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_train_over_an_existing_run_is_refused_and_changes_nothing(run_copy):
+    before = snapshot(run_copy)
+    refused("holds a run; continue it with `popjax resume", popjax.train, out_dir=run_copy, **TINY)
+    assert snapshot(run_copy) == before
+
+
+def test_overwrite_replaces_only_popjaxs_own_files(run_copy):
+    (run_copy / "notes.txt").write_text("mine")
+    (run_copy / "plots" / "my_figure.svg").write_text("<svg/>")
+    run = popjax.train(out_dir=run_copy, overwrite=True, **{**TINY, "seed": 7})
+    assert run.summary["seed"] == 7 and (run_copy / MARKER).is_file()
+    assert (run_copy / "notes.txt").read_text() == "mine"  # not popjax's: kept
+    assert (run_copy / "plots" / "my_figure.svg").read_text() == "<svg/>"
+    assert (run_copy / "plots" / "learning_curves.png").stat().st_size > 10_000  # popjax's: redrawn
+    rows = (run_copy / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 3 * 2  # header + 3 evaluations x 2 members of the new run only
+
+
+def test_an_unrelated_directory_is_never_written_even_with_overwrite(tmp_path):
+    mine = tmp_path / "myproject"
+    (mine / "checkpoints").mkdir(parents=True)
+    (mine / "checkpoints" / "model.pt").write_bytes(b"weights")
+    (mine / "metrics.csv").write_text("a,b\n1,2\n")
+    before = snapshot(mine)
+    for overwrite in (False, True):
+        refused("not empty and popjax did not create it", popjax.train, out_dir=mine, overwrite=overwrite, **TINY)
+    assert snapshot(mine) == before
+
+
+def test_out_dir_that_is_a_file_is_refused(tmp_path):
+    target = tmp_path / "results.txt"
+    target.write_text("keep me")
+    refused("is a file, not a directory", popjax.train, out_dir=target, **TINY)
+    assert target.read_text() == "keep me"
+
+
+def test_a_run_in_use_is_refused_and_a_dead_owners_lock_is_taken_over(run_copy):
+    (run_copy / "summary.json").unlink()  # as if still running
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run_copy / LOCK).write_text(f"{owner.pid} {os.uname().nodename}\n")
+        before = snapshot(run_copy)
+        refused(f"in use by pid {owner.pid}", popjax.resume, run_copy)
+        refused(f"in use by pid {owner.pid}", popjax.train, out_dir=run_copy, overwrite=True, **TINY)
+        assert snapshot(run_copy) == before
+    finally:
+        owner.kill()
+        owner.wait()
+    with pytest.warns(RuntimeWarning, match=f"taking over the lock of pid {owner.pid}"):
+        run = popjax.resume(run_copy)
+    assert run.summary["env_steps"] == 300 and not (run_copy / LOCK).exists()
+
+
+def test_two_concurrent_resumes_one_is_refused(run_copy, tmp_path):
+    """A real second process: the resume that comes second exits 2 and the run is not disturbed."""
+    checkpoints = Checkpointer(run_copy / "checkpoints")
+    for step in checkpoints.steps()[1:]:  # go back to the first checkpoint: the resume has work to do
+        checkpoints.delete(step)
+    checkpoints.close()
+    script = ("import time, sys; from popjax.loop import Loop; step = Loop.step\n"
+              "def slow(self, *a):\n    time.sleep(0.5)\n    return step(self, *a)\n"
+              "Loop.step = slow\nimport popjax; popjax.resume(sys.argv[1])\n")
+    first = subprocess.Popen([sys.executable, "-c", script, str(run_copy)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_copy / LOCK).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (run_copy / LOCK).exists()
+        code = cli.main(["resume", str(run_copy), "--no-progress"])
+        assert code == 2
+    finally:
+        assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
+    rows = (run_copy / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 3 * 2  # every row once: the refused resume wrote nothing
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("cut_mid_line", "config.yaml cannot be read"),
+    ("cut_between_lines", "differs from the run's checkpoints .*learner_config"),
+    ("empty", "holds no configuration"),
+    ("binary", "cannot be read"),
+    ("edited", "differs from the run's checkpoints .*buffer_size: 999 vs 500"),
+])
+def test_resume_with_a_broken_or_edited_config_yaml_is_refused(run_copy, damage, message):
+    config = run_copy / "config.yaml"
+    lines = config.read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if line.startswith("learner_config"))
+    config.write_bytes({"cut_mid_line": "".join(lines[:cut]) + "learner_config: {hidden: [8,",
+                        "cut_between_lines": "".join(lines[:cut]), "empty": "",
+                        "binary": "\x00\x01\xff", "edited": "".join(lines).replace("buffer_size: 500",
+                                                                                "buffer_size: 999")}[damage]
+                       .encode("latin-1"))
+    before = snapshot(run_copy)
+    refused(message, popjax.resume, run_copy)
+    assert snapshot(run_copy) == before
+
+
+def test_resume_may_extend_the_budget(run_copy, finished):
+    run = popjax.resume(run_copy, total_env_steps=400)
+    assert run.summary["env_steps"] == 400 and run.summary["updates"] > finished.summary["updates"]
+
+
+def test_resume_of_a_finished_run_changes_nothing(run_copy, finished):
+    before = snapshot(run_copy)
+    run = popjax.resume(run_copy)
+    assert run.summary == finished.summary
+    assert snapshot(run_copy) == before
+
+
+def test_resume_with_every_checkpoint_damaged_refuses_and_keeps_them(run_copy):
+    for step_dir in (run_copy / "checkpoints").iterdir():
+        if step_dir.name.isdigit():
+            (step_dir / "meta" / "metadata").write_text("{broken")
+    metrics = (run_copy / "metrics.csv").read_bytes()
+    with pytest.warns(UserWarning, match="is unusable"):
+        refused("no usable checkpoint .* set aside as damaged", popjax.resume, run_copy)
+    assert (run_copy / "metrics.csv").read_bytes() == metrics
+    assert len(list((run_copy / "checkpoints").glob("damaged-*"))) == 3  # kept, under another name
+
+
+def test_plot_of_something_that_is_not_a_run_creates_nothing(tmp_path, capsys):
+    missing = tmp_path / "nothing-here"
+    assert cli.main(["plot", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("popjax: error:") and "\n" not in err
+    assert not missing.exists()
