@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", type=_key_value, default=[], metavar="OPTION=VALUE",
                        help="any other RunConfig option, e.g. pbt={interval: 5000} (repeatable)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--preset", default=None, choices=("auto", "none"),
+                       help="auto (default): tuned rl-zoo values for known learner/env pairs fill the options not "
+                            "given (see popjax/presets.py); none: the library's bare defaults")
     train.add_argument("--overwrite", action="store_true",
                        help="replace the run in --out (only a directory popjax created; only its own files go)")
 
@@ -105,6 +108,8 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
             merged.update(pairs)
             options[key] = merged
     options.update(dict(args.set))
+    if args.preset is not None:
+        options["preset"] = args.preset
     if args.no_progress:
         options["progress"] = False
     return options

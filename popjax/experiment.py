@@ -23,6 +23,7 @@ from popjax.plots import learning_curves
 from popjax.population.hparams import Range, check_hparams, population_hparams
 from popjax.population.members import Members
 from popjax.population.sharding import Placement
+from popjax.presets import apply_preset
 from popjax.rundir import RunDir, RunLock, check_new_run, start_run
 
 
@@ -96,6 +97,9 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
       out_dir: the run directory (config.yaml, metrics.csv, summary.json, plots/): a new or
         empty directory, or with ``overwrite`` a run directory popjax created.
       overwrite: replace the run in ``out_dir`` (only popjax's own files are removed).
+      options: RunConfig fields, and ``preset`` (``"auto"``: fill the options not given from the
+        tuned table of ``popjax.presets`` for known (learner, env) pairs; ``"none"``: bare defaults).
+        A RunConfig passed as ``config`` is used as it is.
 
     Returns:
       A ``Run`` with ``summary`` (as in summary.json), ``out_dir`` and the final ``state``.
@@ -105,7 +109,7 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
         or compiled.
     """
     if config is None:
-        config = make_config(**options)
+        config = make_config(**apply_preset(options))
     else:
         config = make_config(**{**config.to_dict(), **options})  # a RunConfig built directly is validated too
     out_dir = Path(out_dir)

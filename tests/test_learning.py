@@ -29,7 +29,7 @@ def test_dqn_solves_the_chain_probe(tmp_path):
 
 SLOW_PENDULUM = dict(env="gym:Pendulum-v1", pop_size=4, total_env_steps=20_000, warmup_steps=1_000,
                      eval_interval=2_000, eval_episodes=5, batch_size=256, buffer_size=20_000,
-                     learner_config={"hidden": [64, 64]}, progress=False)
+                     learner_config={"hidden": [64, 64]}, progress=False, preset="none")
 
 
 @pytest.mark.slow
@@ -55,7 +55,7 @@ DQN_CARTPOLE = dict(hparams={"lr": 2.3e-3, "epsilon_end": 0.04, "epsilon_decay_s
 def test_dqn_cartpole_best_member_reaches_475(tmp_path):
     run = popjax.train(learner="dqn", env="gym:CartPole-v1", pop_size=4, total_env_steps=61_440,
                        warmup_steps=1_024, eval_interval=5_120, eval_episodes=5, buffer_size=61_440,
-                       progress=False, out_dir=tmp_path, **DQN_CARTPOLE)
+                       progress=False, out_dir=tmp_path, preset="none", **DQN_CARTPOLE)
     print("dqn", run.summary["best_return"], run.summary["final_returns"], run.summary["wall_s"])
     assert run.summary["best_return"] >= 475
 
@@ -70,3 +70,16 @@ def test_td3_brax_inverted_pendulum_reaches_900(tmp_path):
     print("brax", run.summary["best_return"], run.summary["final_returns"], run.summary["wall_s"],
           run.summary["compile_s"])
     assert run.summary["best_return"] >= 900
+
+
+# --- the defaults a new user gets: nothing but learner and env (the presets of popjax/presets.py) ------
+THRESHOLDS = {("dqn", "gym:CartPole-v1"): 475, ("td3", "gym:Pendulum-v1"): -200, ("sac", "gym:Pendulum-v1"): -200}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("learner, env", sorted(THRESHOLDS))
+def test_defaults_reach_the_threshold_with_nothing_but_learner_and_env(learner, env, tmp_path):
+    run = popjax.train(learner=learner, env=env, out_dir=tmp_path / "run", progress=False)
+    print(learner, env, run.summary["best_return"], run.summary["final_returns"], run.summary["env_steps"],
+          run.summary["wall_s"], run.summary["compile_s"])
+    assert run.summary["best_return"] >= THRESHOLDS[learner, env]
