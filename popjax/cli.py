@@ -134,11 +134,19 @@ def _print_results(run) -> None:
     for m, ret in enumerate(s["final_returns"]):
         table.add_row(str(m), f"{ret:.1f}", *(f"{hparams[n][m]:.4g}" for n in varying))
     console = Console()
+    if not console.is_terminal or console.width < table_width(table, console):
+        # A log file or a narrow terminal: render at the table's natural width, never cut numbers to "0.00…".
+        console = Console(width=table_width(table, console), soft_wrap=True)
     console.print(title, style="bold")
     console.print(table)
     if shared:
         console.print(f"shared hparams: {shared}")
     console.print(f"best return {s['best_return']:.1f} · run directory [bold]{run.out_dir}[/bold]")
+
+
+def table_width(table, console) -> int:
+    """The width ``table`` needs to show every cell in full."""
+    return console.measure(table, options=console.options.update(max_width=100_000)).maximum
 
 
 def main(argv: list[str] | None = None) -> int:
