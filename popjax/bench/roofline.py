@@ -106,6 +106,9 @@ def batched_layer_gflops(pop: int, devices: int, batch: int, width: int, opts=No
     return 2.0 * pop * batch * width * width / timing["median_s"] / 1e9
 
 
+IMPLS = ("vmap", "vmap_scan")  # one step per call, K steps per call
+
+
 def run(
     learners=("td3", "sac"),
     pops=update.DEFAULT_POPS,
