@@ -192,7 +192,9 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
             merged = dict(options.get(key) or {}) if isinstance(options.get(key) or {}, dict) else {}
             merged.update((name, _yaml_value(f"{key}.{name}", text)) for name, text in pairs)
             options[key] = merged
-    options.update((name, _yaml_value(name, text)) for name, text in args.set)
+    args.set = [(name, _yaml_value(name, text)) for name, text in args.set]  # YAML values, one-line errors
+
+    options.update(dict(args.set))
     if args.no_progress:
         options["progress"] = False
     return options
