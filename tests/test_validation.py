@@ -499,7 +499,7 @@ def test_random_invalid_configs_fail_before_anything_is_built_or_compiled(case):
         mp.setattr(jax, "jit", lambda *a, **k: reached.append("jit"))
         out = Path(tmp) / "run"
         with pytest.raises(ConfigError) as err:
-            popjax.train(out_dir=out, **{**options, "progress": False})
+            popjax.train(out_dir=out, **{"progress": False, **options})
         assert not out.exists() and not list(Path(tmp).iterdir())
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"{field}:"), (message, options)
