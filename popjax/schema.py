@@ -63,7 +63,9 @@ def show(value: Any, limit: int = 60) -> str:
         return str(bool(value)).lower()
     if isinstance(value, int | np.integer):
         value = int(value)
-        return str(value) if abs(value) < 10**16 else f"{float(value):.6g}"
+        if abs(value) < 10**16:
+            return str(value)
+        return f"{float(value):.6g}" if abs(value) < 10**300 else f"an integer of {len(str(abs(value)))} digits"
     if isinstance(value, float | np.floating):
         return repr(float(value))
     if isinstance(value, ArgsKwargs):
@@ -141,9 +143,12 @@ class Number(Kind):
 
     def convert(self, value: Any, context: Mapping[str, Any] | None = None) -> int | float:
         number = parse_number(value)
-        if number is None or (self.integer and not float(number).is_integer()):
+        if number is None or (self.integer and isinstance(number, float) and not number.is_integer()):
             raise self.expected(value)
-        number = int(number) if self.integer else float(number)
+        try:
+            number = int(number) if self.integer else float(number)
+        except OverflowError:  # an integer beyond any float
+            raise self.expected(value) from None
         bounds = self.bounds()
         if not self.inside(number):
             verb = "lie" if bounds.startswith("in ") else "be"
@@ -157,6 +162,8 @@ class Number(Kind):
 
 def parse_number(value: Any) -> int | float | None:
     """``value`` as an int or a finite float (strings such as ``"1e3"`` included), else None."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy or JAX scalar array
+        value = value.item()
     if isinstance(value, bool | np.bool_):
         return None
     if isinstance(value, str):
@@ -221,6 +228,8 @@ class NumberList(Kind):
         return self.description
 
     def convert(self, value, context=None):
+        if getattr(value, "ndim", 0) == 1 and hasattr(value, "tolist"):  # a numpy or JAX vector
+            value = value.tolist()
         if not isinstance(value, list | tuple) or len(value) < self.min_len or \
                 (self.max_len is not None and len(value) > self.max_len):
             raise self.expected(value)

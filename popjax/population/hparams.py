@@ -64,6 +64,8 @@ class PerMember(Kind):
 
     def convert(self, value, context=None):
         pop = (context or {}).get("pop_size")
+        if getattr(value, "ndim", 0) == 1 and hasattr(value, "tolist"):  # a numpy or JAX vector
+            value = value.tolist()
         if isinstance(value, list | tuple):
             if pop is not None and len(value) != pop:
                 raise Invalid(f"a list needs {pop} values (one per member), got {len(value)}: {show(list(value))}")
