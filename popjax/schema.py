@@ -32,7 +32,7 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 import pydantic
 from pydantic import ConfigDict, ValidationError
-from pydantic_core import ArgsKwargs, PydanticCustomError, core_schema
+from pydantic_core import ArgsKwargs, PydanticCustomError, PydanticUndefined, core_schema
 
 
 class ConfigError(ValueError):
@@ -477,7 +477,7 @@ def describe(cls) -> list[FieldDoc]:
 
 
 def show_default(value: Any) -> str:
-    if value is None or value is pydantic_core_undefined():
+    if value is None or value is PydanticUndefined:
         return "none"
     if isinstance(value, tuple):
         value = list(value)
@@ -486,9 +486,3 @@ def show_default(value: Any) -> str:
     if isinstance(value, dict) and not value:
         return "{}"
     return str(value)
-
-
-def pydantic_core_undefined():
-    from pydantic_core import PydanticUndefined
-
-    return PydanticUndefined
