@@ -40,16 +40,16 @@ def common(hidden: list[int]) -> dict:
     return dict(learner="td3", batch_size=256, learner_config={"hidden": hidden}, progress=False)
 
 
-def build_sequential(ctx, settings):
+def build_sequential(ctx, options):
     """CEM-RL whose K-step training is the original order (member by member) instead of the vectorized step."""
-    shared = make_shared_critic_td3(ctx.learner_config, ctx.spec, settings.n_trained)
+    shared = make_shared_critic_td3(ctx.learner_config, ctx.spec, options.n_trained)
     order = make_sequential_order(shared, ctx.learner_config.hidden, ctx.spec.action_dim)
-    return cemrl.build(ctx, settings, train=order.update)
+    return cemrl.build(ctx, options, train=order.update)
 
 
 if "cemrl_sequential" not in DRIVERS:
-    register(DriverDef(name="cemrl_sequential", build=build_sequential, options=cemrl.options,
-                       plots=cemrl.cemrl_run_plots, pmap=False))
+    register(DriverDef(name="cemrl_sequential", build=build_sequential, options=cemrl.CEMRLOptions,
+                       plots=cemrl.cemrl_run_plots, pmap=False, replay_transitions=lambda config: config.buffer_size))
 
 
 def cemrl_run(env: str, budget: int, seed: int, order: str, hidden: list[int], out: Path) -> dict:

@@ -1,13 +1,16 @@
 """The ``popjax`` command: train | resume | bench | plot.
 
-User errors (bad options, unknown names, unreadable config files) print one line and exit
-with status 2, never a traceback.
+User errors (bad options, unknown names, malformed YAML, unreadable config files) print one
+line and exit with status 2, never a traceback; internal errors keep their traceback (status 1).
+``popjax train --help`` is generated from the configuration schema (``popjax.config.RunConfig``,
+the learners' ``Config`` and ``HParams`` declarations, the drivers' options schemas).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ import yaml
 
 from popjax.config import ConfigError
 
-# CLI flag -> RunConfig field (flags not listed use the field name with dashes).
+# CLI flag -> RunConfig field (the other fields are set with --set or in the --config file).
 _FLAGS = {
     "learner": "learner", "env": "env", "driver": "driver", "pop": "pop_size", "seed": "seed",
     "steps": "total_env_steps", "envs_per_member": "envs_per_member", "rollout_len": "rollout_len",
@@ -26,32 +29,58 @@ _FLAGS = {
 
 
 class _Parser(argparse.ArgumentParser):
+    describe = None  # optional (parser) -> None: fills in help texts when help is asked for
+
     def error(self, message):  # argparse's own usage errors: one line, exit 2
-        self.exit(2, f"popjax: error: {message}\n")
+        self.exit(2, f"popjax: error: {' '.join(str(message).split())}\n")
+
+    def format_help(self):
+        if self.describe is not None:
+            self.describe(self)  # from the schema, only when asked (it imports the registries)
+            self.describe = None
+        return super().format_help()
 
 
-def _key_value(text: str) -> tuple[str, Any]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected name=value, got {text!r}")
-    name, value = text.split("=", 1)
-    return name.strip(), yaml.safe_load(value)
+def _key_value(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` (the value is YAML, read by ``train_options``)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name.strip(), value
+
+
+def _yaml_value(field: str, text: str) -> Any:
+    """A flag value parsed as YAML (``1e4``, ``[64, 64]``, ``{interval: 5000}``); one-line error if malformed."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{field}: {text!r} is not valid YAML ({problem})") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="popjax", description="Train populations of deep-RL agents fast.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    train = sub.add_parser("train", help="train a population and write a run directory")
-    train.add_argument("--config", type=Path, help="YAML file with any RunConfig option (flags override it)")
+    train = sub.add_parser("train", help="train a population and write a run directory",
+                           description="Train a population and write a run directory.\n\nEvery option can also "
+                           "live in a YAML file (--config); flags override it.\nA bad value is one line naming "
+                           "the option and what is allowed (exit status 2);\nnothing is written before every "
+                           "check has passed.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.describe = _describe_train
+    train.add_argument("--config", type=Path, metavar="FILE",
+                       help="YAML file with any option below (flags override it)")
     train.add_argument("--out", type=Path, default=None, help="run directory (default runs/<learner>-<env>)")
-    for flag in _FLAGS:
-        train.add_argument("--" + flag.replace("_", "-"), dest=flag, default=None)
+    for flag, field in _FLAGS.items():
+        train.add_argument("--" + flag.replace("_", "-"), dest=flag, default=None, metavar=field.upper())
     train.add_argument("--hparam", action="append", type=_key_value, default=[], metavar="NAME=VALUE",
-                       help="per-member hparam: a value for all members or a list [v1, v2, ...] (repeatable)")
+                       help="per-member hparam: a value for all members or a list [v1, v2, ...] of pop_size values "
+                       "(repeatable; names and bounds below)")
     train.add_argument("--learner-config", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
-                       help="static learner option, e.g. hidden=[64,64] (repeatable)")
+                       help="static learner option, e.g. hidden=[64,64] (repeatable; keys below)")
     train.add_argument("--set", action="append", type=_key_value, default=[], metavar="OPTION=VALUE",
-                       help="any other RunConfig option, e.g. pbt={interval: 5000} (repeatable)")
+                       help="any other option, e.g. tensorboard=true or pbt={interval: 5000} (repeatable; "
+                       "options and driver blocks below)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--preset", default=None, choices=("auto", "none"),
                        help="auto (default): tuned rl-zoo values for known learner/env pairs fill the options not "
@@ -66,31 +95,92 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="(re)draw the plots of a run directory")
     plot.add_argument("run_dir", type=Path)
 
-    # The benchmark parser is built only when `bench` runs: it imports heavier optional modules.
-    bench = sub.add_parser("bench", help="speed benchmarks (see benchmarks/RESULTS.md)", add_help=False)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    # `popjax bench --help` lists the studies; `popjax bench <study> --help` its options. Building
+    # these parsers imports no JAX (popjax.bench keeps its option tables import-free).
+    from popjax import bench as bench_module
+
+    bench = sub.add_parser("bench", help="speed benchmarks (see benchmarks/RESULTS.md)",
+                           description="Speed benchmarks; each study writes JSON and a plot.")
+    bench_module.add_arguments(bench)
     return parser
 
 
-def _bench(argv: list[str]) -> int:
-    from popjax import bench as bench_module
+def _describe_train(parser: argparse.ArgumentParser) -> None:
+    """Help texts of ``popjax train`` from the schema: meaning, default and allowed values of every option."""
+    from popjax import schema
+    from popjax.config import RunConfig
 
-    parser = _Parser(prog="popjax bench", description="Speed benchmarks; each study writes JSON and a plot.")
-    bench_module.add_arguments(parser)
-    return bench_module.main(parser.parse_args(argv))
+    docs = {doc.name: doc for doc in schema.describe(RunConfig)}
+    for action in parser._actions:
+        if action.dest in _FLAGS:
+            action.help = _help_line(docs[_FLAGS[action.dest]])
+    parser.epilog = "\n".join(_schema_epilog(docs, set(_FLAGS.values())))
+
+
+def _help_line(doc) -> str:
+    return f"{doc.help} (default: {doc.default}; allowed: {doc.allowed})".replace("%", "%%")
+
+
+def _schema_epilog(docs, flagged: set[str]) -> list[str]:
+    import jax
+
+    from popjax import schema
+    from popjax.drivers import DRIVERS
+    from popjax.learners import LEARNERS
+    from popjax.population.hparams import hparam_bounds, hparam_help
+
+    def block(rows, indent="  "):
+        return [textwrap.fill(_help_line(doc).replace("%%", "%"), width=110, initial_indent=f"{indent}{doc.name:22s} ",
+                              subsequent_indent=" " * (len(indent) + 23)) for doc in rows]
+
+    lines = [f"learners: {', '.join(LEARNERS)}", f"drivers: {', '.join(DRIVERS)}",
+             textwrap.fill(f"environments: {docs['env'].allowed}", width=110, subsequent_indent="  "), "",
+             "other options (--set NAME=VALUE, or a key of the --config file):"]
+    lines += block(doc for name, doc in docs.items() if name not in flagged and name != "driver_options")
+    lines += ["", "learner_config keys (--learner-config KEY=VALUE; learner_config: {...} in YAML):"]
+    for name, definition in LEARNERS.items():
+        lines.append(f"  {name}:")
+        lines += block((d for d in schema.describe(definition.config_cls) if d.name not in docs), "    ")
+        run_set = [d.name for d in schema.describe(definition.config_cls) if d.name in docs]
+        if run_set:
+            lines.append(f"    ({', '.join(run_set)}: set by the run option of the same name)")
+    lines += ["", "hparams (--hparam NAME=VALUE: one value for all members, or a list of pop_size values;",
+              "search_space ranges {low, high, log, integer} and PBT priors must stay within the bounds too):"]
+    for name, definition in LEARNERS.items():
+        defaults = jax.device_get(definition.default_hparams(None))
+        helps = hparam_help(definition.hparams_cls)
+        rows = [schema.FieldDoc(h, helps[h], f"{getattr(defaults, h).item():.7g}", n.describe())
+                for h, n in hparam_bounds(definition.hparams_cls).items()]
+        lines += [f"  {name}:", *block(rows, "    ")]
+    lines += ["", "driver options (--set DRIVER={key: value, ...}, or a YAML block named after the driver):"]
+    for name, definition in DRIVERS.items():
+        rows = schema.describe(definition.options)
+        lines += [f"  {name}:{'' if rows else ' no options'}", *block(rows, "    ")]
+    return lines
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"--config: file {path} not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"--config: {path} is a directory, not a YAML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config: {path} is not a text file") from None
+    except OSError as err:
+        raise ConfigError(f"--config: cannot read {path} ({err.strerror or err})") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"--config: {path} is not valid YAML ({str(err).splitlines()[0]})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config: {path} must hold a mapping of options, got {type(data).__name__}")
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(f"--config: {path}: option names are strings, got {key!r}")
     return data
 
 
@@ -100,13 +190,15 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
     for flag, field in _FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
-            options[field] = yaml.safe_load(value) if field not in ("env", "learner", "driver", "parallel") else value
-    for key, _flag, pairs in (("hparams", "--hparam", args.hparam), ("learner_config", "--learner-config",
-                                                                       args.learner_config)):
+            options[field] = _yaml_value(field, value) if field not in ("env", "learner", "driver", "parallel") \
+                else value
+    for key, pairs in (("hparams", args.hparam), ("learner_config", args.learner_config)):
         if pairs:
-            merged = dict(options.get(key) or {})
-            merged.update(pairs)
+            merged = dict(options.get(key) or {}) if isinstance(options.get(key) or {}, dict) else {}
+            merged.update((name, _yaml_value(f"{key}.{name}", text)) for name, text in pairs)
             options[key] = merged
+    args.set = [(name, _yaml_value(name, text)) for name, text in args.set]  # YAML values, one-line errors
+
     options.update(dict(args.set))
     if args.preset is not None:
         options["preset"] = args.preset
@@ -150,7 +242,10 @@ def table_width(table, console) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help (0), or a usage error already printed as one line (2)
+        return exit_.code if isinstance(exit_.code, int) else 0
     try:
         if args.command == "train":
             from popjax.experiment import train
@@ -168,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
             for path in plot_run(args.run_dir):
                 print(path)
         elif args.command == "bench":
-            return _bench(args.bench_args)
+            from popjax import bench as bench_module
+
+            return bench_module.main(args)
     except ConfigError as err:
         print(f"popjax: error: {err}", file=sys.stderr)
         return 2

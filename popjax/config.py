@@ -1,7 +1,13 @@
 """The run configuration: one validated, fully resolved description of an experiment.
 
-Every check runs before anything is compiled, and every failure is a ``ConfigError`` with
-one line naming the field, the bad value and what is allowed.
+``RunConfig`` is a ``popjax.schema.dataclass``: constructing one (from ``make_config``, YAML,
+the CLI, ``popjax.train`` keyword options, ``dataclasses.replace`` or directly) validates every
+field, the learner's ``Config`` (``learner_config``), the hyperparameters against the bounds the
+learner declares (``hparams``), the search ranges (``search_space``) and the options block of
+the run's driver (the driver's schema, ``DriverDef.options``). Every failure is a
+``ConfigError`` of one line naming the field, the bad value and what is allowed, raised before
+anything is compiled or written. ``check_memory`` adds the checks that need the environment's
+shapes (replay buffers and evaluation batch against the machine's memory).
 """
 
 from __future__ import annotations
@@ -9,42 +15,119 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from popjax import schema
+from popjax.schema import (
+    INT32_MAX,
+    AnyMapping,
+    Bool,
+    ConfigError,
+    Float,
+    Int,
+    Invalid,
+    Kind,
+    OneOf,
+    fail,
+    show,
+    validate,
+)
+
+__all__ = ["ConfigError", "PARALLEL_MODES", "RunConfig", "check_memory", "make_config", "make_learner_config"]
 
 PARALLEL_MODES = ("sharding", "pmap")
+MAX_STEPS = 2**30  # env steps per member: int32 counters (plus one iteration) never overflow
 
 
-class ConfigError(ValueError):
-    """A user error in the run configuration (reported without a traceback)."""
+def _learners() -> tuple[str, ...]:
+    from popjax.learners import LEARNERS
+
+    return tuple(LEARNERS)
+
+
+def _drivers() -> tuple[str, ...]:
+    from popjax.drivers import DRIVERS
+
+    return tuple(DRIVERS)
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvName(Kind):
+    """``gym:<id>``, ``brax:<name>[@backend]`` or ``probe:<name>`` (checked by ``popjax.envs.registry``)."""
+
+    def describe(self) -> str:
+        from popjax.envs.probes import PROBES
+        from popjax.envs.registry import BRAX_NAMES, GYM_IDS
+
+        return (f"gym:<id> ({', '.join(GYM_IDS)}, or another gymnasium id with Box observations), "
+                f"brax:<name>[@backend] ({', '.join(BRAX_NAMES)}), probe:<name> ({', '.join(PROBES)})")
+
+    def convert(self, value, context=None):
+        from popjax.envs.registry import parse
+
+        if not isinstance(value, str):
+            raise Invalid(f"expected gym:<id>, brax:<name> or probe:<name>, got {show(value)}")
+        try:
+            parse(value)
+        except ValueError as err:
+            message = str(err)
+            raise Invalid(message[4:] if message.startswith("env ") else message) from None
+        return value
+
+
+Options = Annotated[dict[str, Any], AnyMapping()]
+
+
+@schema.dataclass(what="option")
 class RunConfig:
-    learner: str = "td3"
-    env: str = "probe:pendulum"
-    driver: str = "independent"
-    pop_size: int = 4
-    seed: int = 0
-    total_env_steps: int = 20_000  # per member
-    envs_per_member: int = 1
-    rollout_len: int = 50  # env steps per env between two compiled training calls
-    update_ratio: float = 1.0  # gradient steps per env step, per member
-    warmup_steps: int = 1_000  # per member, uniform random actions, no updates
-    batch_size: int = 256
-    buffer_size: int = 100_000  # per member (shared buffers: in total)
-    eval_interval: int = 5_000  # env steps per member
-    eval_episodes: int = 5
-    learner_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    hparams: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    search_space: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    learner: OneOf(_learners) = Field("td3", description="the learner every member runs")
+    env: Annotated[str, EnvName()] = Field("probe:pendulum", description="the environment, <prefix>:<name>")
+    driver: OneOf(_drivers) = Field("independent", description="how the population is trained")
+    pop_size: Int(ge=1, le=65_536) = Field(4, description="members in the population")
+    seed: Int(ge=0, le=INT32_MAX) = Field(0, description="the run's seed; every random key derives from it")
+    total_env_steps: Int(ge=1, le=MAX_STEPS) = Field(20_000, description="env steps per member in the whole run")
+    envs_per_member: Int(ge=1, le=10_000) = Field(1, description="envs each member steps in parallel")
+    rollout_len: Int(ge=1, le=1_000_000) = Field(
+        50, description="env steps per env between two compiled training calls")
+    update_ratio: Float(gt=0, le=1_000) = Field(1.0, description="gradient steps per env step, per member")
+    warmup_steps: Int(ge=0, le=MAX_STEPS) = Field(
+        1_000, description="env steps per member with uniform random actions and no updates")
+    batch_size: Int(ge=1, le=1_048_576) = Field(256, description="transitions per gradient step")
+    buffer_size: Int(ge=1, le=INT32_MAX) = Field(
+        100_000, description="replay capacity in transitions, per member (shared buffers: in total); "
+        "must fit in the machine's memory")
+    eval_interval: Int(ge=1, le=MAX_STEPS) = Field(5_000, description="env steps per member between evaluations")
+    eval_episodes: Int(ge=1, le=10_000) = Field(
+        5, description="deterministic episodes per member at each evaluation")
+    learner_config: Options = Field(
+        default_factory=dict, description="static options of the learner (network sizes, ...)",
+        json_schema_extra={"allowed": "{key: value}, the learner's keys (listed below)"})
+    hparams: Options = Field(
+        default_factory=dict, description="per-member hyperparameters: one value for all members or a list of "
+        "pop_size values", json_schema_extra={"allowed": "{name: value or [values]}, within each hparam's bounds"})
+    search_space: Options = Field(
+        default_factory=dict, description="hyperparameters sampled per member from a prior",
+        json_schema_extra={"allowed": "{name: {low, high, log, integer}} inside the hparam's bounds"})
     # {driver name: its options}; in YAML, the CLI and keyword options each is a block named
     # after its driver (``pbt: {interval: 5000}``), so a new driver needs no field here.
-    driver_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-    devices: int = 1
-    parallel: str = "sharding"  # how --devices splits the population: "sharding" or "pmap"
-    checkpoint_interval: int = 0  # env steps per member between checkpoints; 0 = at evaluations only
-    progress: bool = True
-    tensorboard: bool = False
+    driver_options: Options = Field(
+        default_factory=dict, description="options of each driver; written as a block named after the driver",
+        json_schema_extra={"allowed": "{driver: {key: value}} (listed below)"})
+    devices: Int(ge=1, le=4_096) = Field(
+        1, description="devices the population is split over; pop_size must be a multiple")
+    parallel: OneOf(PARALLEL_MODES) = Field("sharding", description="how --devices splits the population")
+    checkpoint_interval: Int(ge=0, le=MAX_STEPS) = Field(
+        0, description="env steps per member between checkpoints; 0 = at evaluations only")
+    progress: Bool = Field(True, description="show a progress bar")
+    tensorboard: Bool = Field(False, description="also write every metric to <run_dir>/tensorboard/")
+
+    @model_validator(mode="after")
+    def _check(self):
+        _check_run(self)
+        return self
 
     @property
     def updates_per_iter(self) -> int:
@@ -73,106 +156,167 @@ def _plain(value):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
     return value
 
 
-_POSITIVE = ("pop_size", "total_env_steps", "envs_per_member", "rollout_len", "batch_size", "buffer_size",
-             "eval_interval", "eval_episodes", "devices")
-_NON_NEGATIVE = ("seed", "warmup_steps", "checkpoint_interval")
+def _set(config: RunConfig, name: str, value: Any) -> None:
+    object.__setattr__(config, name, value)  # normalising a frozen dataclass while it is validated
 
 
-def _coerce(name: str, value: Any, kind: type) -> Any:
-    """Converts ``value`` to ``kind`` where that is lossless (``1e6`` -> 1000000), else raises."""
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-    elif kind in (int, float):
-        number = value
-        if isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if isinstance(number, int | float) and not isinstance(number, bool) and math.isfinite(number) \
-                and (kind is float or float(number).is_integer()):
-            return kind(number)
-    elif kind is str:
-        if isinstance(value, str):
-            return value
-    elif isinstance(value, Mapping):
-        return dict(value)
-    raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r} ({type(value).__name__})")
+def _check_run(config: RunConfig) -> None:
+    """Checks across fields and the nested schemas; stores the nested blocks normalised."""
+    from popjax.drivers import DRIVERS
+    from popjax.learners import LEARNERS
+    from popjax.population.hparams import validate_hparams, validate_space
+
+    c = config
+    if c.parallel == "pmap" and not DRIVERS[c.driver].pmap:
+        fail(f"the {c.driver} driver does not run as one program per device (allowed: sharding)",
+             at=("parallel",), nested=True)
+    if c.pop_size % c.devices:
+        fail(f"{c.pop_size} members do not divide over devices={c.devices}; use a multiple of {c.devices}",
+             at=("pop_size",), nested=True)
+    if c.batch_size > c.buffer_size:
+        fail(f"{c.batch_size} is larger than buffer_size {c.buffer_size}", at=("batch_size",), nested=True)
+    if c.steps_per_iter > c.buffer_size:
+        fail(f"{c.buffer_size} is smaller than one iteration's {c.steps_per_iter} transitions "
+             "(rollout_len x envs_per_member)", at=("buffer_size",), nested=True)
+    if c.warmup_steps >= c.total_env_steps:
+        fail(f"{c.warmup_steps} leaves no training within total_env_steps={c.total_env_steps} "
+             f"(allowed: less than {c.total_env_steps})", at=("warmup_steps",), nested=True)
+    updates = math.ceil(c.total_env_steps / c.steps_per_iter) * c.updates_per_iter
+    if updates > INT32_MAX:
+        fail(f"{show(c.update_ratio)} makes {updates} gradient steps per member, more than the int32 update "
+             f"counter holds ({INT32_MAX})", at=("update_ratio",), nested=True)
+
+    definition = LEARNERS[c.learner]
+    _set(c, "learner_config", _learner_config(c, definition, nested=True)[1])
+    hparams = validate_hparams(c.hparams, definition.hparams_cls, c.pop_size, nested=True)
+    _set(c, "hparams", _plain(hparams))
+    space = validate_space(c.search_space, definition.hparams_cls, fixed=tuple(hparams), nested=True)
+    _set(c, "search_space", {name: {k: getattr(space[name], k) for k in raw} for name, raw in c.search_space.items()})
+
+    blocks = {}
+    for name, block in c.driver_options.items():
+        if name not in DRIVERS:
+            fail(f"unknown driver (allowed: {', '.join(DRIVERS)})", at=(name,), nested=True)
+        schema.convert(AnyMapping("a mapping of options {key: value}"), block, at=(name,), nested=True)
+        blocks[name] = dict(block)
+    _set(c, "driver_options", blocks)
+    for name, block in blocks.items():  # another driver's block: only its keys are checked
+        if name != c.driver:
+            schema.check_keys_of(DRIVERS[name].options, block, at=(name,))
+    if c.driver in blocks:
+        options = DRIVERS[c.driver].parse_options(c, nested=True)
+        blocks[c.driver] = options.given(blocks[c.driver])
+    else:
+        DRIVERS[c.driver].parse_options(c, nested=True)
+
+
+def _learner_config(config: RunConfig, definition, nested: bool = False):
+    """``(the learner's Config, the user's learner_config normalised)``; fields named like a run option
+    (``batch_size``) come from the run."""
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    given = dict(config.learner_config)
+    for key in given:
+        if key in run_fields:
+            fail(f"set by the run option {key}, not in learner_config", at=("learner_config", key), nested=nested)
+    cls = definition.config_cls
+    from_run = {name: getattr(config, name) for name in schema.schema_fields(cls) if name in run_fields}
+    learner_config = validate(cls, {**given, **from_run}, at=("learner_config",), nested=nested)
+    return learner_config, {key: _plain(getattr(learner_config, key)) for key in given}
+
+
+def make_learner_config(config: RunConfig):
+    """The run's learner ``Config`` (e.g. ``TD3Config``), from ``learner_config`` and the run's batch size."""
+    from popjax.learners import LEARNERS
+
+    return _learner_config(config, LEARNERS[config.learner])[0]
 
 
 def make_config(**options: Any) -> RunConfig:
     """Builds and validates a RunConfig from keyword options (as from the API, CLI or YAML).
 
-    An option named after a registered driver (``pbt={...}``) is that driver's options block.
+    An option named after a registered driver (``pbt={...}``) is that driver's options block;
+    ``None`` means the default.
     """
     from popjax.drivers import DRIVERS
 
-    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
-    blocks = {name: options.pop(name) for name in list(options) if name in DRIVERS and name not in fields}
-    unknown = sorted(set(options) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; allowed: {', '.join([*fields, *DRIVERS])}")
-    kinds = {name: _field_kind(f) for name, f in fields.items()}
-    values = {name: _coerce(name, v, kinds[name]) for name, v in options.items() if v is not None}
-    driver_options = {**values.get("driver_options", {})}
-    for name, block in blocks.items():
-        if block is not None:
-            driver_options[name] = _coerce(name, block, dict)
-    values["driver_options"] = driver_options
-    config = RunConfig(**values)
-    validate(config)
-    return config
+    fields = [f.name for f in dataclasses.fields(RunConfig)]
+    for name in options:
+        if name not in fields and name not in DRIVERS:
+            fail(f"unknown option (allowed: {', '.join([*fields, *DRIVERS])})", at=(name,))
+    values = {name: value for name, value in options.items() if value is not None and name in fields}
+    blocks = {name: value for name, value in options.items() if value is not None and name not in fields}
+    if blocks:
+        given = values.get("driver_options") or {}
+        values["driver_options"] = {**given, **blocks} if isinstance(given, Mapping) else given
+    return RunConfig(**values)
 
 
-def _field_kind(field: dataclasses.Field) -> type:
-    annotation = str(field.type)
-    for name, kind in (("Mapping", dict), ("bool", bool), ("int", int), ("float", float), ("str", str)):
-        if annotation.startswith(name):
-            return kind
-    raise TypeError(f"no coercion for {field.name}: {annotation}")
+# --- memory: checked once the environment's shapes are known, before anything is allocated -----
+JAX_ENV_BYTES = 4_096  # rough size of one JAX env state beyond its observation (brax pipeline state)
+HOST_ENV_BYTES = 256 * 1024  # rough size of one gymnasium env (MuJoCo model and data)
 
 
-def validate(config: RunConfig) -> None:
-    """Static checks that need no environment or compilation."""
-    from popjax.drivers import DRIVERS
-    from popjax.envs.registry import parse
-    from popjax.learners import LEARNERS
-
-    if config.learner not in LEARNERS:
-        raise ConfigError(f"learner: {config.learner!r} unknown; allowed: {', '.join(LEARNERS)}")
-    if config.driver not in DRIVERS:
-        raise ConfigError(f"driver: {config.driver!r} unknown; allowed: {', '.join(DRIVERS)}")
-    if config.parallel not in PARALLEL_MODES:
-        raise ConfigError(f"parallel: {config.parallel!r} unknown; allowed: {', '.join(PARALLEL_MODES)}")
-    if config.parallel == "pmap" and not DRIVERS[config.driver].pmap:
-        raise ConfigError(f"parallel: the {config.driver} driver does not run as one program per device (pmap); "
-                          "use parallel=sharding")
+def machine_memory() -> int:
+    """Bytes of physical memory of this machine."""
     try:
-        parse(config.env)
-    except ValueError as err:
-        raise ConfigError(f"env: {err}") from None
-    for name in _POSITIVE:
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"{name}: must be a positive integer, got {getattr(config, name)}")
-    for name in _NON_NEGATIVE:
-        if getattr(config, name) < 0:
-            raise ConfigError(f"{name}: must be >= 0, got {getattr(config, name)}")
-    if not config.update_ratio > 0:
-        raise ConfigError(f"update_ratio: must be > 0, got {config.update_ratio}")
-    if config.pop_size % config.devices:
-        raise ConfigError(f"pop_size: {config.pop_size} members do not divide over devices={config.devices}; "
-                          f"use a multiple of {config.devices}")
-    if config.batch_size > config.buffer_size:
-        raise ConfigError(f"batch_size: {config.batch_size} is larger than buffer_size {config.buffer_size}")
-    if config.steps_per_iter > config.buffer_size:
-        raise ConfigError(f"buffer_size: {config.buffer_size} is smaller than one iteration's "
-                          f"{config.steps_per_iter} transitions (rollout_len x envs_per_member)")
-    if config.warmup_steps >= config.total_env_steps:
-        raise ConfigError(f"warmup_steps: {config.warmup_steps} leaves no training within "
-                          f"total_env_steps={config.total_env_steps}")
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        import os
+
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1024 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def memory_estimate(config: RunConfig, spec) -> dict[str, int]:
+    """Bytes the run needs at least: ``replay`` (the replay buffers and one iteration's transitions)
+    and ``evaluation`` (the envs of one evaluation, all members at once)."""
+    from popjax.drivers import DRIVERS
+    from popjax.envs.registry import is_jax_env
+
+    obs = 4 * math.prod(spec.obs_shape)
+    row = 2 * obs + 4 * max(1, spec.action_dim) + 8  # obs, next_obs, action, reward, terminated
+    rows = DRIVERS[config.driver].replay_transitions(config) + config.pop_size * config.steps_per_iter
+    per_env = (2 * obs + JAX_ENV_BYTES) if is_jax_env(config.env) else HOST_ENV_BYTES
+    return {"replay": rows * row, "row": row, "evaluation": config.pop_size * config.eval_episodes * per_env,
+            "per_env": per_env}
+
+
+def check_memory(config: RunConfig, spec, memory: int | None = None) -> None:
+    """Raises ``ConfigError`` if the replay buffers and the evaluation batch cannot fit in memory.
+
+    ``memory``: bytes available (default: the machine's physical memory).
+    """
+    from popjax.drivers import DRIVERS
+
+    memory = memory or machine_memory()
+    need = memory_estimate(config, spec)
+    replay, evaluation = need["replay"], need["evaluation"]
+    if replay + evaluation <= memory:
+        return
+    if replay >= evaluation:
+        per_unit = DRIVERS[config.driver].replay_transitions(config) / config.buffer_size
+        most = max(0, int((memory - evaluation) / need["row"] / per_unit) - config.steps_per_iter)
+        buffers = round(per_unit)
+        what = (f"{buffers} replay buffers of {config.buffer_size} transitions" if buffers > 1
+                else f"a replay buffer of {config.buffer_size} transitions")
+        fail(f"{what} ({need['row']} B each) need about {_size(replay)}, more than this machine's "
+             f"{_size(memory)} of memory (allowed: at most about {most} transitions"
+             f"{' per member' if buffers > 1 else ''})", at=("buffer_size",))
+    most = max(0, int((memory - replay) / need["per_env"] / config.pop_size))
+    fail(f"{config.pop_size} members x {config.eval_episodes} episodes evaluated at once need about "
+         f"{_size(evaluation)}, more than this machine's {_size(memory)} of memory "
+         f"(allowed: at most about {most})", at=("eval_episodes",))

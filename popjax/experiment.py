@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from popjax.checkpoint import Checkpointer, CheckpointMismatch
-from popjax.config import ConfigError, RunConfig, make_config
+from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config
 from popjax.drivers import DRIVERS
 from popjax.drivers.base import BuildContext
 from popjax.envs import registry
@@ -37,18 +37,8 @@ class Run:
 
 
 def build_learner_config(config: RunConfig, definition):
-    fields = {f.name for f in dataclasses.fields(definition.config_cls)}
-    unknown = sorted(set(config.learner_config) - fields)
-    if unknown:
-        raise ConfigError(f"learner_config: unknown key(s) {', '.join(unknown)} for {config.learner}; "
-                          f"allowed: {', '.join(sorted(fields))}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.learner_config.items()}
-    if "batch_size" in fields:
-        values["batch_size"] = config.batch_size
-    try:
-        return definition.config_cls(**values)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"learner_config: {err}") from None
+    del definition  # the config's learner
+    return make_learner_config(config)
 
 
 def build(config: RunConfig) -> Loop:
@@ -61,6 +51,7 @@ def build(config: RunConfig) -> Loop:
     if (definition.action_kind == "discrete") != spec.discrete:
         raise ConfigError(f"env: {config.learner} needs {definition.action_kind} actions but {config.env} has "
                           f"{spec.describe_actions()}")
+    check_memory(config, spec)  # replay buffers and evaluation batch, before anything is allocated
     learner_config = build_learner_config(config, definition)
     learner = definition.make(learner_config, spec)
     try:
@@ -75,7 +66,7 @@ def build(config: RunConfig) -> Loop:
     ctx = BuildContext(config=config, spec=spec, learner_def=definition, learner_config=learner_config,
                        learner=learner, hparams=hparams, members=Members(config.pop_size),
                        setup_key=key_for(config.seed, KeyPurpose.DRIVER_SETUP))
-    options = driver_def.options(config.options, ctx)
+    options = driver_def.parse_options(config)
     driver = driver_def.build(ctx, options)
     members = placement.members(config.pop_size)
     local = driver_def.build(dataclasses.replace(ctx, members=members), options) if placement.per_device else driver

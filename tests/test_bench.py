@@ -179,7 +179,7 @@ def test_cli_rejects_unavailable_devices_in_one_line(study, tmp_path, capsys):
 
     too_many = str(len(jax.devices()) + 1)  # JAX is initialised in this process: no more devices can appear
     status = cli.main(["bench", study, "--devices", f"1,{too_many}", "--pop", "2", "--out", str(tmp_path)])
-    lines = capsys.readouterr().out.strip().splitlines()
+    lines = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert len(lines) == 1 and lines[0].startswith(f"popjax bench {study}: error: --devices {too_many}"), lines
     assert not list(tmp_path.iterdir())  # nothing measured or written

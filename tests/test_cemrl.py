@@ -101,10 +101,10 @@ TINY = dict(learner="td3", env="probe:pendulum", driver="cemrl", pop_size=4, tot
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"cemrl": {"n_elite": 2}}, "cemrl: unknown key"),
-    ({"cemrl": {"init_var": "big"}}, "cemrl.init_var"),
-    ({"pop_size": 5}, "even pop_size"),
-    ({"learner": "sac"}, "learner"),
+    ({"cemrl": {"n_elite": 2}}, r"cemrl\.n_elite: unknown key \(allowed: n_trained"),
+    ({"cemrl": {"init_var": "big"}}, "cemrl.init_var: expected a number > 0, got 'big'"),
+    ({"pop_size": 5}, "pop_size: mirrored .* needs an even pop_size, got 5"),
+    ({"learner": "sac"}, r"learner: the cemrl driver trains TD3 actors .*\(allowed: td3\), got 'sac'"),
     ({"buffer_size": 700}, "buffer_size"),
 ])
 def test_bad_options_fail_before_compiling(bad, message, tmp_path):

@@ -25,10 +25,11 @@ import popjax
 from popjax.checkpoint import Checkpointer
 from popjax.config import make_config
 from popjax.drivers import DRIVERS
-from popjax.drivers.base import Counters, Driver, DriverDef, DriverHost, Episodes, parse_options
+from popjax.drivers.base import Counters, Driver, DriverDef, DriverHost, DriverOptions, Episodes
 from popjax.experiment import build
 from popjax.loop import Compiler
 from popjax.population import tree
+from popjax.schema import Float
 
 BASE = dict(learner="td3", env="probe:pendulum", pop_size=4, seed=5, total_env_steps=300, warmup_steps=100,
             rollout_len=25, eval_interval=100, eval_episodes=1, batch_size=16, buffer_size=1000,
@@ -150,7 +151,7 @@ def build_random_search(ctx, opts):
         def perturb(member_key):
             leaves, treedef = jax.tree.flatten(state.best)
             keys = jax.random.split(member_key, len(leaves))
-            noisy = [x + opts["sigma"] * jax.random.normal(k, x.shape, x.dtype)
+            noisy = [x + opts.sigma * jax.random.normal(k, x.shape, x.dtype)
                      if jnp.issubdtype(x.dtype, jnp.floating) else x for x, k in zip(leaves, keys, strict=True)]
             return jax.tree.unflatten(treedef, noisy)
 
@@ -174,8 +175,11 @@ def build_random_search(ctx, opts):
                   host=SearchHost(lambda state: state.hparams), prepare=prepare)
 
 
-RANDOM_SEARCH = DriverDef(name="random_search", build=build_random_search,
-                          options=lambda raw, ctx: parse_options("random_search", raw, {"sigma": 0.05}), pmap=False)
+class RandomSearchOptions(DriverOptions):
+    sigma: Float(gt=0) = 0.05  # std of the parameter perturbation
+
+
+RANDOM_SEARCH = DriverDef(name="random_search", build=build_random_search, options=RandomSearchOptions, pmap=False)
 
 
 def test_a_driver_defined_outside_popjax_registers_and_trains(monkeypatch, tmp_path):
@@ -189,7 +193,7 @@ def test_a_driver_defined_outside_popjax_registers_and_trains(monkeypatch, tmp_p
     rows = metric_rows(tmp_path / "run")
     assert [int(r["env_steps"]) for r in rows] == [400] * 4 + [800] * 4
     assert "fitness" in rows[0] and (tmp_path / "run" / "plots" / "learning_curves.png").exists()
-    with pytest.raises(popjax.ConfigError, match="random_search: unknown key"):
+    with pytest.raises(popjax.ConfigError, match=r"random_search\.sgima: unknown key \(allowed: sigma\)"):
         popjax.train(out_dir=tmp_path / "bad", **{**run_options, "random_search": {"sgima": 0.1}})
     again = popjax.train(out_dir=tmp_path / "again", **run_options)
     assert_trees_equal(again.state, run.state)  # same seed, same results

@@ -182,13 +182,15 @@ TINY = dict(learner="td3", env="probe:pendulum", driver="dvd", pop_size=3, total
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"dvd": {"kernel": "rbf"}}, "dvd: unknown key"),
-    ({"dvd": {"thresholds": [1, 2], "weights": [0.1]}}, "one more weight"),
-    ({"dvd": {"jitter": 0}}, "must be > 0"),
-    ({"dvd": {"weight_source": "ucb"}}, "weight_source"),
-    ({"dvd": {"weight_source": "bandit", "bandit_arms": [0.5]}}, "at least two"),
-    ({"dvd": {"bandit_arms": ["a", "b"]}}, "list of numbers"),
-    ({"learner": "sac"}, "learner"),
+    ({"dvd": {"kernel": "rbf"}}, r"dvd\.kernel: unknown key \(allowed: rbf_scale"),
+    ({"dvd": {"thresholds": [1, 2], "weights": [0.1]}},
+     r"dvd\.weights: needs one more weight than thresholds \(2\), got 1"),
+    ({"dvd": {"jitter": 0}}, "dvd.jitter: must be > 0, got 0"),
+    ({"dvd": {"weight_source": "ucb"}}, r"dvd\.weight_source: 'ucb' unknown \(allowed: schedule, bandit\)"),
+    ({"dvd": {"weight_source": "bandit", "bandit_arms": [0.5]}},
+     r"dvd\.bandit_arms: expected a list of numbers >= 0 \(at least two\), got \[0\.5\]"),
+    ({"dvd": {"bandit_arms": ["a", "b"]}}, r"dvd\.bandit_arms: expected a list of numbers"),
+    ({"learner": "sac"}, r"learner: the dvd driver trains TD3 actors .*\(allowed: td3\)"),
 ])
 def test_bad_options_fail_before_compiling(bad, message, tmp_path):
     with pytest.raises(ConfigError, match=message):

@@ -208,19 +208,20 @@ def test_search_spaces_match_the_learners_hparams():
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"intervall": 5}, "pbt: unknown key(s) intervall"),
+    ({"intervall": 5}, "pbt.intervall: unknown key (allowed: interval, quantile"),
     ({"quantile": 0.6}, "pbt.quantile: must lie in (0, 0.5]"),
     ({"quantile": 0.1}, "pbt.quantile: int(0.1 x pop_size 4) = 0"),
-    ({"explore": "mutate"}, "pbt.explore: 'mutate' unknown; allowed: resample, perturb"),
+    ({"explore": "mutate"}, "pbt.explore: 'mutate' unknown (allowed: resample, perturb)"),
     ({"perturb_factors": [0.8, -1]}, "pbt.perturb_factors"),
     ({"resample_probability": 2}, "pbt.resample_probability: must lie in [0, 1]"),
-    ({"fitness_window": 0}, "pbt.fitness_window: must be >= 1"),
-    ({"fitness_window": 1.5}, "pbt.fitness_window: expected int"),
+    ({"fitness_window": 0}, "pbt.fitness_window: must lie in [1, 1000], got 0"),
+    ({"fitness_window": 1.5}, "pbt.fitness_window: expected an integer in [1, 1000], got 1.5"),
     ({"copy_buffer": "yes"}, "pbt.copy_buffer: expected true or false"),
-    ({"interval": 0}, "pbt.interval: must be >= 1"),
-    ({"search_space": "ppo"}, "pbt.search_space: search space 'ppo' unknown"),
-    ({"search_space": {"lr": {"low": 1e-4, "high": 1e-3}}}, "search space hparam 'lr' unknown"),
-    ({"search_space": {"actor_lr": {"low": 0, "high": 1e-3, "log": True}}}, "needs low > 0"),
+    ({"interval": 0}, "pbt.interval: must lie in [1, 1073741824], got 0"),
+    ({"search_space": "ppo"}, "pbt.search_space: 'ppo' unknown (allowed: td3, sac, sac_code, dqn"),
+    ({"search_space": {"lr": {"low": 1e-4, "high": 1e-3}}}, "pbt.search_space.lr: unknown hparam (allowed: actor_lr"),
+    ({"search_space": {"actor_lr": {"low": 0, "high": 1e-3, "log": True}}},
+     "pbt.search_space.actor_lr.low: a log-uniform range needs low > 0, got 0"),
 ])
 def test_bad_pbt_config_fails_with_one_line_message(raw, message):
     with pytest.raises(ConfigError) as err:

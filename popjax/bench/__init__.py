@@ -29,6 +29,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
 
 STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "report")
 
@@ -182,11 +187,134 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument(*flags, **kwargs)
 
 
+def _names(flag: str, text: str, allowed, what: str = "") -> list[str]:
+    names = [x for x in str(text).replace(" ", "").split(",") if x]
+    if not names:
+        raise ValueError(f"{flag}: expected a comma-separated list, got {text!r}")
+    for name in names:
+        if name not in allowed:
+            raise ValueError(f"{flag}: {name!r} unknown{what} (allowed: {', '.join(allowed)})")
+    return names
+
+
+def _ints(flag: str, text) -> list[int]:
+    from popjax.bench.common import parse_int_list
+
+    try:
+        return parse_int_list(text)
+    except ValueError as err:
+        raise ValueError(f"{flag}: {err}") from None
+
+
+def _writable(flag: str, path: Path) -> None:
+    """``path`` can be written: not a directory, its nearest existing ancestor a writable directory."""
+    if path.is_dir():
+        raise ValueError(f"{flag}: {path} is a directory; give a directory for the results or a .json path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag}: {path} is not writable")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag}: {parent} is an existing file, not a directory; give a directory or a .json path")
+    try:  # os.access says yes to root everywhere: probe with a file that is removed at once
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise PermissionError
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError:
+        raise ValueError(f"{flag}: {parent} is not writable") from None
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every option of ``args.study`` checked before anything is timed (ValueError, one line).
+
+    Names (learners, implementations, drivers, envs), integer lists, numbers, the output path
+    (an existing file, an unwritable directory) and the device count (forcing host devices
+    when needed, which must happen before JAX starts).
+    """
+    study = args.study
+    if study == "report":
+        if not Path(args.results).is_dir():
+            raise ValueError(f"--results: {args.results} is not a directory of <study>.json files")
+        _writable("--output", Path(args.output))
+        return
+    from popjax.bench import common
+
+    _ints("--pop", args.pop)
+    devices = _ints("--devices", args.devices)
+    for flag, value, low in (("--k", args.k, 1), ("--repeats", args.repeats, 1),
+                             ("--batch-size", getattr(args, "batch_size", None), 1),
+                             ("--compile-repeats", getattr(args, "compile_repeats", None), 1),
+                             ("--steps", getattr(args, "steps", None), 1),
+                             ("--env-steps", getattr(args, "env_steps", None), 1),
+                             ("--rollout-len", getattr(args, "rollout_len", None), 1),
+                             ("--envs-per-member", getattr(args, "envs_per_member", None), 1),
+                             ("--frame", getattr(args, "frame", None), 36),
+                             ("--warmup", getattr(args, "warmup", None), 0)):
+        if value is not None and value < low:
+            raise ValueError(f"{flag}: must be >= {low}, got {value}")
+    for flag, value in (("--min-time", args.min_time), ("--max-seconds", args.max_seconds)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{flag}: expected a finite number >= 0, got {value}")
+    if getattr(args, "hidden", None):
+        _ints("--hidden", args.hidden)
+    if getattr(args, "torch_threads", None):
+        _ints("--torch-threads", args.torch_threads)
+    if getattr(args, "matmul_sizes", None):
+        _ints("--matmul-sizes", args.matmul_sizes)
+    if hasattr(args, "learner"):
+        from popjax.learners import LEARNERS
+
+        _names("--learner", args.learner, LEARNERS, " learner")
+    if hasattr(args, "impl"):
+        _names("--impl", args.impl, _module(study).IMPLS, " implementation")
+    if hasattr(args, "driver"):
+        from popjax.drivers import DRIVERS
+
+        _names("--driver", args.driver, DRIVERS, " driver")
+    if hasattr(args, "parallel"):
+        _names("--parallel", args.parallel, ("sharding", "pmap"))
+    from popjax.envs import registry
+
+    def check_env(flag: str, name: str, jax_only: bool = False) -> None:
+        try:
+            registry.parse(name)
+        except ValueError as err:
+            raise ValueError(f"{flag}: {err}") from None
+        if jax_only and not registry.is_jax_env(name):
+            raise ValueError(f"{flag}: {name!r} is a gymnasium env; this study needs a JAX env (brax:, probe:)")
+
+    if study in ("train", "drivers"):
+        for name in _names("--env", args.env, _Any()):
+            check_env("--env", name, jax_only=study == "drivers")
+    if study == "envstep":
+        for name in [x for x in args.gym.split(",") if x]:
+            check_env("--gym", name if ":" in name else f"gym:{name}")
+        for name in [x for x in args.brax.split(",") if x]:
+            check_env("--brax", name if ":" in name else f"brax:{name}", jax_only=True)
+    json_path, png_path = common.output_paths(args.out, study)
+    _writable("--out", json_path)
+    if not args.no_plot:
+        _writable("--out", png_path)
+    common.request_devices(devices)
+
+
+class _Any:
+    def __contains__(self, item) -> bool:
+        return True
+
+
 def main(args: argparse.Namespace) -> int:
-    """Runs ``args.study``; returns the process exit status."""
+    """Runs ``args.study``; returns the process exit status (2 and one line on stderr for a bad option)."""
     study = args.study
     if study not in STUDIES:
-        print(f"popjax bench: unknown study {study!r}; choose from {', '.join(STUDIES)}")
+        print(f"popjax bench: error: study {study!r} unknown (allowed: {', '.join(STUDIES)})", file=sys.stderr)
+        return 2
+    try:
+        check_args(args)  # before anything is timed or written
+    except ValueError as err:
+        print(f"popjax bench {study}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     if study == "report":
         from popjax.bench import report
@@ -196,7 +324,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     try:
         _module(study).main(args)
-    except ValueError as err:  # bad option values (device count, lists): one line, no traceback
-        print(f"popjax bench {study}: error: {err}")
+    except ValueError as err:  # a bad option value found by the study itself: one line, no traceback
+        print(f"popjax bench {study}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     return 0

@@ -323,12 +323,15 @@ def shards(tree: Any) -> int:
 
 
 def parse_int_list(text: str | Sequence[int]) -> list[int]:
+    """``"1,2,4"`` (or ``1e3``-style integers) -> ``[1, 2, 4]``; ValueError unless all are positive integers."""
+    from popjax.schema import parse_number
+
     if not isinstance(text, str):
         return [int(x) for x in text]
-    values = [int(float(x)) for x in text.replace(" ", "").split(",") if x]
-    if not values or any(v < 1 for v in values):
+    numbers = [parse_number(x) for x in text.replace(" ", "").split(",") if x]
+    if not numbers or any(n is None or not float(n).is_integer() or n < 1 for n in numbers):
         raise ValueError(f"expected a comma-separated list of positive integers, got {text!r}")
-    return values
+    return [int(n) for n in numbers]
 
 
 # --- machine description ---------------------------------------------------------------------------

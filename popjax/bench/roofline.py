@@ -106,6 +106,9 @@ def batched_layer_gflops(pop: int, devices: int, batch: int, width: int, opts=No
     return 2.0 * pop * batch * width * width / timing["median_s"] / 1e9
 
 
+IMPLS = ("vmap", "vmap_scan")  # one step per call, K steps per call
+
+
 def run(
     learners=("td3", "sac"),
     pops=update.DEFAULT_POPS,
@@ -124,6 +127,11 @@ def run(
 ) -> dict[str, Any]:
     opts = argparse.Namespace(repeats=repeats, min_time=min_time, max_seconds=max_seconds, seed=seed)
     started = common.utc_now()
+    unknown = sorted(set(impls) - set(IMPLS))
+    if unknown:
+        raise ValueError(f"--impl: unknown implementation(s) {', '.join(unknown)} (allowed: {', '.join(IMPLS)})")
+    for name in learners:
+        update.problem(name, hidden, batch_size, k)  # unknown learners fail before anything is timed
     common.request_devices(devices)
     load_before = common.load_average()
     peaks = {d: matmul_peak(d, matmul_sizes, opts) for d in devices}

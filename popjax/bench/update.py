@@ -62,6 +62,8 @@ def problem(
     frame: int = 84,
 ) -> Problem:
     """The paper's shapes for ``name`` (td3, sac: HalfCheetah; dqn: Atari), optionally shrunk (tests)."""
+    if name not in LEARNERS:
+        raise ValueError(f"--learner: {name!r} unknown learner (allowed: {', '.join(LEARNERS)})")
     definition = LEARNERS[name]
     if name in ("td3", "sac"):
         spec = EnvSpec(
@@ -388,9 +390,13 @@ def run(
         repeats=repeats, min_time=min_time, max_seconds=max_seconds, seed=seed, torch_threads=torch_threads
     )
     started = common.utc_now()
+    impls = list(impls)
+    unknown = sorted(set(impls) - set(IMPLS))
+    if unknown:
+        raise ValueError(f"--impl: unknown implementation(s) {', '.join(unknown)} (allowed: {', '.join(IMPLS)})")
+    problems = [problem(name, hidden, batch_size, k, frame) for name in learners]  # names checked before timing
     common.request_devices(devices)
     notes: list[str] = []
-    impls = list(impls)
     if "torch_seq" in impls:
         from popjax.bench import torch_reference as tr
 
@@ -403,7 +409,6 @@ def run(
         if torch_threads is None
         else ([torch_threads] if isinstance(torch_threads, int) else list(torch_threads))
     )
-    problems = [problem(name, hidden, batch_size, k, frame) for name in learners]
     results: list[dict[str, Any]] = []
     params = {
         "learners": list(learners),

@@ -28,7 +28,6 @@ the member axis (split over devices) and which are shared (replicated on every d
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -38,9 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from popjax.config import ConfigError, RunConfig
+from popjax.config import RunConfig
 from popjax.population.hparams import hparams_table
 from popjax.population.members import Members
+from popjax.schema import Schema, validate
 from popjax.types import EnvSpec, Key, Metrics, PyTree
 
 
@@ -168,14 +168,46 @@ class BuildContext:
     setup_key: Key
 
 
-def no_options(raw: Mapping[str, Any], ctx: BuildContext) -> None:
-    if raw:
-        raise ConfigError(f"{ctx.config.driver}: this driver takes no options, got {', '.join(sorted(raw))}")
+class DriverOptions(Schema):
+    """A driver's options block (``--set <driver>={...}``, a YAML block named after the driver).
+
+    A ``popjax.schema.Schema``: declare each option as a field with its kind, default and
+    description (they are the CLI help); unknown keys and bad values are one-line
+    ``ConfigError``s named ``<driver>.<key>``. Validators read the run's ``RunConfig`` with
+    ``run_config(info)``; a check about a run field raises ``problem(..., at=("pop_size",),
+    absolute=True)``. ``build(ctx, options)`` receives the validated instance.
+    """
+
+    def given(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The keys the user gave, with their validated values (what ``config.yaml`` holds)."""
+        return {key: _plain(getattr(self, key)) for key in raw}
+
+
+class NoOptions(DriverOptions):
+    """The options of a driver that takes none."""
+
+
+def run_config(info) -> RunConfig:
+    """The run's config inside a ``DriverOptions`` validator (``info``: pydantic's ValidationInfo)."""
+    return (info.context or {})["config"]
+
+
+def _plain(value):
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def no_plots(run_dir) -> list[Path]:
     del run_dir
     return []
+
+
+def per_member_buffers(config: RunConfig) -> int:
+    """Replay transitions held when every member has its own ``buffer_size`` buffer."""
+    return config.pop_size * config.buffer_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,17 +216,25 @@ class DriverDef:
 
     Attributes:
       name: ``--driver`` value; its options come from the config block of the same name.
-      build: ``(ctx, options) -> Driver``; raises ``ConfigError`` for unsupported set-ups.
-      options: ``(raw block, ctx) -> options`` (validated; ``ConfigError`` naming the field).
+      build: ``(ctx, options) -> Driver``; ``options`` is the validated ``options`` instance;
+        raises ``ConfigError`` for set-ups that need the env (e.g. a buffer too small for episodes).
+      options: the options schema, a ``DriverOptions`` subclass (``NoOptions``: none).
       plots: ``run_dir -> [paths]``: the driver's plots (learning curves are drawn for all).
       pmap: whether the driver runs on ``--parallel pmap`` (one program per device).
+      replay_transitions: ``config -> int``, replay transitions held in total (memory check).
     """
 
     name: str
     build: Callable[[BuildContext, Any], Driver]
-    options: Callable[[Mapping[str, Any], BuildContext], Any] = no_options
+    options: type[DriverOptions] = NoOptions
     plots: Callable[[Any], list[Path]] = no_plots
     pmap: bool = True
+    replay_transitions: Callable[[RunConfig], int] = per_member_buffers
+
+    def parse_options(self, config: RunConfig, nested: bool = False) -> DriverOptions:
+        """The run's options block of this driver, validated (``ConfigError`` naming ``<name>.<key>``)."""
+        return validate(self.options, config.driver_options.get(self.name, {}), at=(self.name,),
+                        context={"config": config}, nested=nested)
 
 
 def member_rows(returns: np.ndarray, hparams, metrics: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -219,33 +259,3 @@ def train_unless(skip: jax.Array, train: Callable, *args, kept):
     metrics = train.eval_shape(*args)[1]
     nan = jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), metrics)
     return jax.lax.cond(skip, lambda: (kept, nan), lambda: train(*args))
-
-
-def parse_options(section: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """``defaults`` updated with ``given``; unknown keys and wrong types raise ConfigError.
-
-    Types follow the defaults: bools stay bools, integers accept integral numbers (``1e3``),
-    floats accept any finite number, tuples accept lists.
-    """
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        raise ConfigError(f"{section}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(defaults)}")
-    out = dict(defaults)
-    for name, value in given.items():
-        default = defaults[name]
-        kind = type(default)
-        if isinstance(default, bool):
-            ok = isinstance(value, bool)
-        elif isinstance(default, int | float):
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            if ok and isinstance(default, int):
-                ok = float(value).is_integer()
-        elif isinstance(default, tuple):
-            ok = isinstance(value, list | tuple)
-            value = tuple(value) if ok else value
-        else:
-            ok = isinstance(value, kind)
-        if not ok:
-            raise ConfigError(f"{section}.{name}: expected {kind.__name__}, got {value!r}")
-        out[name] = kind(value) if isinstance(default, int | float) and not isinstance(default, bool) else value
-    return out

@@ -44,15 +44,26 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 from jax.flatten_util import ravel_pytree
+from pydantic import Field, ValidationInfo, model_validator
 
 from popjax import plots
 from popjax.buffers import Buffer, BufferState, make_uniform_buffer
 from popjax.config import ConfigError
 from popjax.drivers import cem
-from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, Episodes, parse_options
+from popjax.drivers.base import (
+    BuildContext,
+    Counters,
+    Driver,
+    DriverDef,
+    DriverHost,
+    DriverOptions,
+    Episodes,
+    run_config,
+)
 from popjax.envs.runner import EpisodeBatch
 from popjax.learners.shared_critic import SharedCriticState, make_shared_critic_td3
 from popjax.population.hparams import hparams_table
+from popjax.schema import INT32_MAX, Bool, Float, Int, OneOf, problem
 from popjax.types import Key, dummy_transition
 
 TRAIN_METRICS = ("critic_loss", "member_critic_loss", "actor_loss", "q_mean")
@@ -65,27 +76,52 @@ class CEMRLSettings:
     updates_per_call: int
 
 
-def options(raw, ctx: BuildContext) -> CEMRLSettings:
-    """Validates ``RunConfig.cemrl`` (one-line ConfigError naming the field)."""
-    config = ctx.config
-    pop = config.pop_size
-    defaults = {"n_trained": pop // 2, "n_elites": pop // 2, "init_var": 1e-2, "cov_noise_init": 1e-2,
-                "cov_noise_final": 1e-5, "cov_noise_decay": 0.95, "mirrored": True, "weighting": "log",
-                "var_div_elites": True, "updates_per_call": 50}
-    opts = parse_options("cemrl", raw, defaults)
-    if pop < 2:
-        raise ConfigError(f"pop_size: cemrl needs at least 2 members, got {pop}")
-    if not 1 <= opts["n_trained"] <= pop:
-        raise ConfigError(f"cemrl.n_trained: must be in [1, pop_size={pop}], got {opts['n_trained']}")
-    if opts["updates_per_call"] < 1:
-        raise ConfigError(f"cemrl.updates_per_call: must be >= 1, got {opts['updates_per_call']}")
-    try:
-        cem_config = cem.CEMConfig(pop_size=pop, **{k: opts[k] for k in (
+class CEMRLOptions(DriverOptions):
+    """``cemrl`` options (see ``popjax.drivers.cem`` for the CEM ones)."""
+
+    n_trained: Int(ge=1, le=65_536) | None = Field(
+        None, description="samples trained by TD3 with the shared critic each generation (the first ones)",
+        json_schema_extra={"default": "pop_size // 2"})
+    n_elites: Int(ge=1, le=65_536) | None = Field(
+        None, description="elites the CEM moves to", json_schema_extra={"default": "pop_size // 2"})
+    init_var: Float(gt=0) = Field(1e-2, description="initial variance of every actor parameter")
+    cov_noise_init: Float(ge=0) = Field(1e-2, description="noise added to the variance, initial value")
+    cov_noise_final: Float(ge=0) = Field(1e-5, description="noise added to the variance, final value")
+    cov_noise_decay: Float(ge=0, le=1) = Field(0.95, description="decay of the noise toward its final value")
+    mirrored: Bool = Field(True, description="antithetic sampling (needs an even pop_size)")
+    weighting: OneOf(cem.WEIGHTINGS) = Field("log", description="elite weights")
+    var_div_elites: Bool = Field(True, description="the release's extra 1/n_elites in the variance")
+    updates_per_call: Int(ge=1, le=100_000) = Field(
+        50, description="vectorized shared-critic steps per compiled call (K)")
+
+    @model_validator(mode="after")
+    def _resolve(self, info: ValidationInfo):
+        config = run_config(info)
+        pop = config.pop_size
+        if config.learner != "td3":
+            raise problem(f"the cemrl driver trains TD3 actors with a shared critic (allowed: td3), got "
+                          f"{config.learner!r}", at=("learner",), absolute=True)
+        if pop < 2:
+            raise problem(f"cemrl needs at least 2 members, got {pop}", at=("pop_size",), absolute=True)
+        if self.mirrored and pop % 2:
+            raise problem(f"mirrored (antithetic) sampling needs an even pop_size, got {pop} "
+                          "(or set cemrl.mirrored: false)", at=("pop_size",), absolute=True)
+        if pop * config.total_env_steps > INT32_MAX:
+            raise problem(f"pop_size x total_env_steps = {pop * config.total_env_steps} env steps in total, more "
+                          f"than the int32 counter holds ({INT32_MAX})", at=("total_env_steps",), absolute=True)
+        for name in ("n_trained", "n_elites"):
+            value = getattr(self, name)
+            if value is None:
+                setattr(self, name, pop // 2)
+            elif value > pop:
+                raise problem(f"must lie in [1, pop_size={pop}], got {value}", at=(name,))
+        return self
+
+    def settings(self, pop_size: int) -> CEMRLSettings:
+        cem_config = cem.CEMConfig(pop_size=pop_size, **{k: getattr(self, k) for k in (
             "n_elites", "init_var", "cov_noise_init", "cov_noise_final", "cov_noise_decay", "mirrored", "weighting",
             "var_div_elites")})
-    except ValueError as err:
-        raise ConfigError(f"cemrl: {err}") from None
-    return CEMRLSettings(cem=cem_config, n_trained=opts["n_trained"], updates_per_call=opts["updates_per_call"])
+        return CEMRLSettings(cem=cem_config, n_trained=self.n_trained, updates_per_call=self.updates_per_call)
 
 
 # --- replay: masked add into the shared buffer ----------------------------------------------------
@@ -163,11 +199,12 @@ class CEMRLHost(DriverHost):
         self.mean_returns = [list(r) for r in data.get("cem_mean_returns", [])]
 
 
-def build(ctx: BuildContext, settings: CEMRLSettings, train: Callable | None = None) -> Driver:
+def build(ctx: BuildContext, options: CEMRLOptions | CEMRLSettings, train: Callable | None = None) -> Driver:
     """The CEM-RL driver; ``train(keys [K, n], state, batches [K, n, B], hparams) -> (state, metrics)``
     replaces the vectorized shared-critic step (e.g. by the sequential CEM-RL order of
     ``popjax.bench.cemrl_order``, as ``experiments/cemrl_common.py`` does)."""
     cfg, spec = ctx.config, ctx.spec
+    settings = options.settings(cfg.pop_size) if isinstance(options, CEMRLOptions) else options
     if cfg.learner != "td3":
         raise ConfigError(f"learner: the cemrl driver trains TD3 actors with a shared critic; got {cfg.learner!r}")
     pop, episodes, t_max = cfg.pop_size, cfg.envs_per_member, spec.max_episode_steps
@@ -266,4 +303,5 @@ def cemrl_run_plots(run_dir) -> list:
 # One generation samples, trains and ranks the whole population together (ask, the shared
 # critic of the first n_trained samples, tell): no per-device program fits it; it runs on the
 # sharding path, where the compiler splits the member axis.
-DEFINITION = DriverDef(name="cemrl", build=build, options=options, plots=cemrl_run_plots, pmap=False)
+DEFINITION = DriverDef(name="cemrl", build=build, options=CEMRLOptions, plots=cemrl_run_plots, pmap=False,
+                       replay_transitions=lambda config: config.buffer_size)

@@ -45,12 +45,13 @@ experiments/RESULTS.md),
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from pydantic import Field, ValidationInfo, model_validator
 
 from popjax import plots
 from popjax.buffers import BufferState, make_uniform_buffer
@@ -61,14 +62,16 @@ from popjax.drivers.base import (
     Driver,
     DriverDef,
     DriverHost,
+    DriverOptions,
     Episodes,
     Rollout,
-    parse_options,
+    run_config,
     train_unless,
 )
 from popjax.drivers.independent import random_actions
 from popjax.envs.runner import Experience
 from popjax.learners.shared_critic import DiversityConfig, SharedCriticState, make_shared_critic_td3
+from popjax.schema import INT32_MAX, Bool, Either, Float, Int, Number, NumberList, OneOf, problem
 from popjax.types import Key, dummy_transition
 
 RELEASE_TOTAL_STEPS = 3_000_000
@@ -94,44 +97,57 @@ def diversity_weight(env_steps: jax.Array, settings: DvDSettings) -> jax.Array:
     return jnp.asarray(settings.weights, jnp.float32)[index]
 
 
-def options(raw, ctx: BuildContext) -> DvDSettings:
-    """Validates ``RunConfig.dvd`` (one-line ConfigError naming the field)."""
-    config = ctx.config
-    defaults = {"rbf_scale": 0.5, "jitter": 1e-6, "normalize": True, "embedding_states": 0,
-                "thresholds": (5e4, 3e5, 7e5), "weights": (0.0, 0.3, 0.5, 0.2), "schedule_scale": 1.0,
-                "weight_source": "schedule", "bandit_arms": (0.0, 0.5), "bandit_random": 2}
-    given = dict(raw)
-    auto = given.get("schedule_scale") == "auto"
-    if auto:
-        given.pop("schedule_scale")
-    opts = parse_options("dvd", given, defaults)
-    if auto:
-        opts["schedule_scale"] = config.pop_size * config.total_env_steps / RELEASE_TOTAL_STEPS
-    if config.pop_size < 2:
-        raise ConfigError(f"pop_size: dvd needs at least 2 members, got {config.pop_size}")
-    if opts["rbf_scale"] <= 0 or opts["jitter"] <= 0 or opts["schedule_scale"] <= 0:
-        raise ConfigError("dvd: rbf_scale, jitter and schedule_scale must be > 0")
-    if opts["embedding_states"] < 0:
-        raise ConfigError(f"dvd.embedding_states: must be >= 0, got {opts['embedding_states']}")
-    if opts["weight_source"] not in ("schedule", "bandit"):
-        raise ConfigError(f"dvd.weight_source: {opts['weight_source']!r} is not one of 'schedule', 'bandit'")
-    try:
-        arms = tuple(float(x) for x in opts["bandit_arms"])
-    except (TypeError, ValueError):
-        raise ConfigError(f"dvd.bandit_arms: expected a list of numbers, got {opts['bandit_arms']!r}") from None
-    if len(arms) < 2 or min(arms) < 0:
-        raise ConfigError(f"dvd.bandit_arms: needs at least two weights >= 0, got {list(arms)}")
-    if int(opts["bandit_random"]) < 0:
-        raise ConfigError(f"dvd.bandit_random: must be >= 0, got {opts['bandit_random']}")
-    thresholds, weights = tuple(float(x) for x in opts["thresholds"]), tuple(float(x) for x in opts["weights"])
-    if len(weights) != len(thresholds) + 1 or list(thresholds) != sorted(thresholds):
-        raise ConfigError(f"dvd: needs increasing thresholds and one more weight than thresholds, got "
-                          f"thresholds={list(thresholds)}, weights={list(weights)}")
-    diversity = DiversityConfig(rbf_scale=opts["rbf_scale"], jitter=opts["jitter"],
-                                embedding_states=int(opts["embedding_states"]), normalize=opts["normalize"])
-    return DvDSettings(diversity=diversity, thresholds=thresholds, weights=weights,
-                       schedule_scale=float(opts["schedule_scale"]), weight_source=opts["weight_source"],
-                       bandit_arms=arms, bandit_random=int(opts["bandit_random"]))
+def _numbers(description: str, min_len: int = 0, increasing: bool = False, **bounds):
+    return Annotated[tuple[float, ...], NumberList(Number(**bounds), description, min_len=min_len,
+                                                   increasing=increasing)]
+
+
+class DvDOptions(DriverOptions):
+    """``dvd`` options (see the module docstring and ``DiversityConfig``)."""
+
+    rbf_scale: Float(gt=0) = Field(0.5, description="RBF kernel scale, K = exp(-D / (2 rbf_scale))")
+    jitter: Float(gt=0) = Field(1e-6, description="eps in log det(K + eps I)")
+    normalize: Bool = Field(True, description="divide the squared embedding distance by the embedding size")
+    embedding_states: Int(ge=0, le=1_000_000) = Field(
+        0, description="observations forming the behaviour embedding; 0 = all pop x batch_size of the step")
+    thresholds: _numbers("an increasing list of numbers >= 0", increasing=True, ge=0) = Field(
+        (5e4, 3e5, 7e5), description="schedule: env steps summed over members where the weight changes")
+    weights: _numbers("a list of numbers >= 0 (one more than thresholds)", min_len=1, ge=0) = Field(
+        (0.0, 0.3, 0.5, 0.2), description="schedule: the diversity weight before, between and after the thresholds")
+    schedule_scale: Annotated[Any, Either(("auto",), Number(gt=0))] = Field(
+        1.0, description="multiplies the thresholds; auto = this run's budget / the release's 3e6 steps")
+    weight_source: OneOf(("schedule", "bandit")) = Field(
+        "schedule", description="the weight follows the schedule or a Thompson-sampling bandit")
+    bandit_arms: _numbers("a list of numbers >= 0 (at least two)", min_len=2, ge=0) = Field(
+        (0.0, 0.5), description="the bandit's weights")
+    bandit_random: Int(ge=0, le=1_000_000) = Field(2, description="first bandit draws that are uniform over the arms")
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo):
+        config = run_config(info)
+        if config.learner != "td3":
+            raise problem(f"the dvd driver trains TD3 actors with a shared critic (allowed: td3), got "
+                          f"{config.learner!r}", at=("learner",), absolute=True)
+        if config.pop_size < 2:
+            raise problem(f"dvd needs at least 2 members, got {config.pop_size}", at=("pop_size",), absolute=True)
+        if config.pop_size * config.total_env_steps > INT32_MAX:
+            raise problem(f"pop_size x total_env_steps = {config.pop_size * config.total_env_steps} env steps in "
+                          f"total, more than the int32 counter holds ({INT32_MAX})", at=("total_env_steps",),
+                          absolute=True)
+        if len(self.weights) != len(self.thresholds) + 1:
+            raise problem(f"needs one more weight than thresholds ({len(self.thresholds)}), got "
+                          f"{len(self.weights)}: {list(self.weights)}", at=("weights",))
+        return self
+
+    def settings(self, config) -> DvDSettings:
+        scale = self.schedule_scale
+        if scale == "auto":
+            scale = config.pop_size * config.total_env_steps / RELEASE_TOTAL_STEPS
+        diversity = DiversityConfig(rbf_scale=self.rbf_scale, jitter=self.jitter,
+                                    embedding_states=self.embedding_states, normalize=self.normalize)
+        return DvDSettings(diversity=diversity, thresholds=self.thresholds, weights=self.weights,
+                           schedule_scale=float(scale), weight_source=self.weight_source,
+                           bandit_arms=self.bandit_arms, bandit_random=self.bandit_random)
 
 
 @struct.dataclass
@@ -204,9 +220,10 @@ class DvDHost(DriverHost):
             "last_best": None if np.isnan(last_best) else last_best}}
 
 
-def build(ctx: BuildContext, settings: DvDSettings) -> Driver:
+def build(ctx: BuildContext, options: DvDOptions | DvDSettings) -> Driver:
     """Shared-critic TD3 actors with the diversity term, trained like the independent population."""
     cfg, spec, members = ctx.config, ctx.spec, ctx.members
+    settings = options.settings(cfg) if isinstance(options, DvDOptions) else options
     if cfg.learner != "td3":
         raise ConfigError(f"learner: the dvd driver trains TD3 actors with a shared critic; got {cfg.learner!r}")
     shared = make_shared_critic_td3(ctx.learner_config, spec, members.local, settings.diversity,
@@ -277,4 +294,5 @@ def dvd_run_plots(run_dir) -> list:
                            int(cfg.get("pop_size", 1)))]
 
 
-DEFINITION = DriverDef(name="dvd", build=build, options=options, plots=dvd_run_plots)
+DEFINITION = DriverDef(name="dvd", build=build, options=DvDOptions, plots=dvd_run_plots,
+                       replay_transitions=lambda config: config.buffer_size)

@@ -34,20 +34,22 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from popjax import plots
-from popjax.config import ConfigError
-from popjax.drivers.base import BuildContext, Counters, DriverDef, DriverHost
+from popjax.drivers.base import BuildContext, Counters, DriverDef, DriverHost, DriverOptions, run_config
 from popjax.drivers.independent import make_population
 from popjax.population import tree
-from popjax.population.hparams import Range, hparam_names, hparams_table
-from popjax.population.search_spaces import get_search_space
+from popjax.population.hparams import Range, hparams_table, validate_space
+from popjax.population.search_spaces import SEARCH_SPACES
+from popjax.schema import Bool, Float, Int, Invalid, Kind, Number, NumberList, OneOf, problem, show, validate
 from popjax.types import Key, PyTree
 
 EXPLORE_MODES = ("resample", "perturb")
@@ -94,62 +96,90 @@ def default_interval(total_env_steps: int, eval_interval: int) -> int:
     return max(eval_interval, total_env_steps // 10)
 
 
-def parse_pbt_config(raw: Mapping[str, Any], *, learner: str, hparams_names: tuple[str, ...], pop_size: int,
-                     total_env_steps: int, eval_interval: int) -> PBTConfig:
-    """Validates ``RunConfig.pbt`` and resolves its search space; raises a one-line ConfigError."""
-    raw = dict(raw or {})
-    unknown = sorted(set(raw) - set(PBT_KEYS))
-    if unknown:
-        raise ConfigError(f"pbt: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(PBT_KEYS)}")
+@dataclasses.dataclass(frozen=True)
+class SpaceOrName(Kind):
+    """A named prior of ``SEARCH_SPACES`` or ``{hparam: {low, high, log, integer}}`` (checked with the learner)."""
 
-    def number(name, kind, default):
-        value = raw.get(name, default)
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    def describe(self) -> str:
+        return f"one of {', '.join(SEARCH_SPACES)} or {{hparam: {{low, high, log, integer}}}}"
+
+    def convert(self, value, context=None):
         if isinstance(value, str):
-            try:
-                value, ok = float(value), True
-            except ValueError:
-                ok = False
-        if not ok or (kind is int and not float(value).is_integer()):
-            raise ConfigError(f"pbt.{name}: expected {kind.__name__}, got {raw.get(name)!r}")
-        return kind(value)
+            if value not in SEARCH_SPACES:
+                raise Invalid(f"{show(value)} unknown (allowed: {', '.join(SEARCH_SPACES)} "
+                              "or {hparam: {low, high, log, integer}})")
+            return value
+        if isinstance(value, Mapping) and value:
+            return {name: dict(r) if isinstance(r, Mapping) else r for name, r in value.items()}
+        raise self.expected(value)
 
-    interval = number("interval", int, default_interval(total_env_steps, eval_interval))
-    if interval < 1:
-        raise ConfigError(f"pbt.interval: must be >= 1 env step per member, got {interval}")
-    quantile = number("quantile", float, 0.3)
-    if not 0.0 < quantile <= 0.5:
-        raise ConfigError(f"pbt.quantile: must lie in (0, 0.5], got {quantile}")
-    if int(quantile * pop_size) < 1:
-        raise ConfigError(f"pbt.quantile: int({quantile} x pop_size {pop_size}) = 0 members replaced; "
-                          f"use quantile >= {1 / pop_size:.3g} or a larger population")
-    explore = raw.get("explore", "resample")
-    if explore not in EXPLORE_MODES:
-        raise ConfigError(f"pbt.explore: {explore!r} unknown; allowed: {', '.join(EXPLORE_MODES)}")
-    factors = raw.get("perturb_factors", (0.8, 1.2))
-    if (not isinstance(factors, list | tuple) or not factors
-            or not all(isinstance(f, int | float) and not isinstance(f, bool) and math.isfinite(f) and f > 0
-                       and f != 1 for f in factors)):
-        raise ConfigError(f"pbt.perturb_factors: expected a non-empty list of positive numbers != 1, "
-                          f"got {factors!r}")
-    resample_probability = number("resample_probability", float, 0.25)
-    if not 0.0 <= resample_probability <= 1.0:
-        raise ConfigError(f"pbt.resample_probability: must lie in [0, 1], got {resample_probability}")
-    fitness_window = number("fitness_window", int, 1)
-    if fitness_window < 1:
-        raise ConfigError(f"pbt.fitness_window: must be >= 1 evaluation, got {fitness_window}")
-    copy_buffer = raw.get("copy_buffer", False)
-    if not isinstance(copy_buffer, bool):
-        raise ConfigError(f"pbt.copy_buffer: expected true or false, got {copy_buffer!r}")
-    try:
-        space = get_search_space(raw.get("search_space", learner), hparams_names)
-    except ValueError as err:
-        raise ConfigError(f"pbt.search_space: {err}") from None
-    return PBTConfig(interval=interval, quantile=quantile, explore=explore,
-                     perturb_factors=tuple(float(f) for f in factors),
-                     resample_probability=resample_probability,
-                     fitness_window=fitness_window, copy_buffer=copy_buffer,
-                     search_space=tuple(sorted(space.items())))
+
+class PBTOptions(DriverOptions):
+    """``pbt`` options (see ``PBTConfig``)."""
+
+    interval: Int(ge=1, le=2**30) | None = Field(
+        None, description="env steps per member between two exploit/explore rounds (checked at evaluations)",
+        json_schema_extra={"default": "total_env_steps / 10, at least eval_interval"})
+    quantile: Float(gt=0, le=0.5) = Field(
+        0.3, description="fraction replaced at the bottom, and the parents' fraction at the top")
+    explore: OneOf(EXPLORE_MODES) = Field(
+        "resample", description="new hparams of a replaced member: resample from the prior, or perturb")
+    perturb_factors: Annotated[tuple[float, ...], NumberList(
+        Number(gt=0), "a non-empty list of positive numbers other than 1", min_len=1)] = Field(
+        (0.8, 1.2), description="factors a perturbed hparam is multiplied by")
+    resample_probability: Float(ge=0, le=1) = Field(
+        0.25, description="chance that perturb resamples an hparam from the prior instead")
+    fitness_window: Int(ge=1, le=1_000) = Field(
+        1, description="fitness = mean of the member's last this-many evaluations")
+    copy_buffer: Bool = Field(False, description="replaced members also copy the parent's replay buffer")
+    search_space: Annotated[Any, SpaceOrName()] = Field(
+        None, description="the explored hparams and their priors",
+        json_schema_extra={"default": "the learner's name (the fast-PBT priors)"})
+    _space: dict[str, Range] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _resolve(self, info: ValidationInfo):
+        config = run_config(info)
+        if 1.0 in self.perturb_factors:
+            raise problem(f"expected a non-empty list of positive numbers other than 1, got "
+                          f"{list(self.perturb_factors)}", at=("perturb_factors",))
+        if self.interval is None:
+            self.interval = default_interval(config.total_env_steps, config.eval_interval)
+        if int(self.quantile * config.pop_size) < 1:
+            raise problem(f"int({show(self.quantile)} x pop_size {config.pop_size}) = 0 members replaced; "
+                          f"use quantile >= {1 / config.pop_size:.3g} or a larger population", at=("quantile",))
+        from popjax.learners import LEARNERS
+
+        hparams_cls = LEARNERS[config.learner].hparams_cls
+        name = config.learner if self.search_space is None else self.search_space
+        if isinstance(name, str):
+            if name not in SEARCH_SPACES:
+                raise problem(f"no prior is named after the learner {name!r}; give one of "
+                              f"{', '.join(SEARCH_SPACES)} or {{hparam: {{low, high, log, integer}}}}",
+                              at=("search_space",))
+            space = SEARCH_SPACES[name]
+        else:
+            space = self.search_space
+        self._space = validate_space(space, hparams_cls, at=("search_space",), nested=True)
+        return self
+
+    def pbt_config(self) -> PBTConfig:
+        return PBTConfig(interval=self.interval, quantile=self.quantile, explore=self.explore,
+                         perturb_factors=tuple(float(f) for f in self.perturb_factors),
+                         resample_probability=self.resample_probability, fitness_window=self.fitness_window,
+                         copy_buffer=self.copy_buffer, search_space=tuple(sorted(self._space.items())))
+
+
+def parse_pbt_config(raw: Mapping[str, Any], *, learner: str, hparams_names: tuple[str, ...] = (), pop_size: int,
+                     total_env_steps: int, eval_interval: int) -> PBTConfig:
+    """Validates a ``pbt`` options block for a run with these settings; raises a one-line ConfigError.
+
+    ``hparams_names`` is unused (kept for callers): the learner's HParams declare the names and bounds.
+    """
+    del hparams_names
+    context = SimpleNamespace(learner=learner, pop_size=pop_size, total_env_steps=total_env_steps,
+                              eval_interval=eval_interval)
+    return validate(PBTOptions, dict(raw or {}), at=("pbt",), context={"config": context}).pbt_config()
 
 
 # --- pure population functions ------------------------------------------------------------------
@@ -358,19 +388,13 @@ def _json_float(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def options(raw: Mapping[str, Any], ctx: BuildContext) -> PBTConfig:
-    """Validates ``RunConfig.pbt`` and resolves its search space (one-line ConfigError)."""
-    cfg = ctx.config
-    return parse_pbt_config(raw, learner=cfg.learner, hparams_names=hparam_names(ctx.hparams), pop_size=cfg.pop_size,
-                            total_env_steps=cfg.total_env_steps, eval_interval=cfg.eval_interval)
-
-
-def build(ctx: BuildContext, config: PBTConfig):
+def build(ctx: BuildContext, options: PBTOptions):
     """The independent population, started from the prior and exploited after evaluations.
 
     The initial hparams of the PBT space are drawn from the prior, except those the user fixed
     (``hparams``) or sampled (``search_space``).
     """
+    config = options.pbt_config()
     keep = set(ctx.config.hparams) | set(ctx.config.search_space)
     ctx = dataclasses.replace(ctx, hparams=initial_hparams(ctx.setup_key, ctx.hparams, config.space, keep))
     population = make_population(ctx, PBTState, MEMBER_AXES)
@@ -401,4 +425,4 @@ def pbt_run_plots(run_dir) -> list:
     return written
 
 
-DEFINITION = DriverDef(name="pbt", build=build, options=options, plots=pbt_run_plots)
+DEFINITION = DriverDef(name="pbt", build=build, options=PBTOptions, plots=pbt_run_plots)

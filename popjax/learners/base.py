@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Annotated, Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from popjax.schema import Int, Number, NumberList
 from popjax.types import EnvSpec, Key, Metrics, PyTree, Transition
+
+# Schema types of the learners' static Configs (see ``popjax.schema``).
+Hidden = Annotated[tuple[int, ...], NumberList(
+    Number(integer=True, ge=1, le=65_536), "a list of positive integers (1 to 32 layers of at most 65536 units)",
+    min_len=1, max_len=32)]
+BatchSize = Int(ge=1, le=1_048_576)
 
 
 class Learner(NamedTuple):
@@ -51,7 +58,12 @@ class PopulationLearner(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class LearnerDef:
-    """Registry entry: how to build a learner by name."""
+    """Registry entry: how to build a learner by name.
+
+    ``config_cls`` is a ``popjax.schema.dataclass`` (its fields validate user values); every
+    field of ``hparams_cls`` is declared with ``popjax.population.hparams.hparam`` (its bounds).
+    A ``config_cls`` field named like a ``RunConfig`` field (``batch_size``) is set from the run.
+    """
 
     name: str
     config_cls: type

@@ -21,36 +21,41 @@ reference §3.3); each one below names its source.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
+from pydantic import Field
 
-from popjax.learners.base import Learner, LearnerDef, adam_init, adam_step, scalar, select
+from popjax import schema
+from popjax.learners.base import BatchSize, Hidden, Learner, LearnerDef, adam_init, adam_step, scalar, select
 from popjax.networks.mlp import QNetwork
+from popjax.population.hparams import hparam
 from popjax.types import EnvSpec, Key, PyTree, Transition
 
 
-@dataclasses.dataclass(frozen=True)
+@schema.dataclass
 class DQNConfig:
-    hidden: tuple[int, ...] = (256, 256)  # SB3 rl-zoo CartPole net_arch
-    batch_size: int = 128  # CleanRL dqn.py (CartPole-v1)
-    double_q: bool = True
-    dueling: bool = False
-    cnn: bool = False  # Nature CNN torso for [84, 84, 4] frames
-    target_update_period: int = 500  # CleanRL's target_network_frequency value, counted in updates here
-    huber: bool = True
+    # SB3 rl-zoo CartPole net_arch
+    hidden: Hidden = Field((256, 256), description="hidden layer sizes of the Q-network (its MLP head with cnn)")
+    # CleanRL dqn.py (CartPole-v1)
+    batch_size: BatchSize = Field(128, description="transitions per gradient step (the run's batch_size)")
+    double_q: schema.Bool = Field(True, description="double Q-learning target")
+    dueling: schema.Bool = Field(False, description="dueling value/advantage head")
+    cnn: schema.Bool = Field(False, description="Nature CNN torso for [84, 84, 4] frames")
+    # CleanRL's target_network_frequency value, counted in updates here
+    target_update_period: schema.Int(ge=1, le=1_000_000_000) = Field(
+        500, description="updates between two hard copies of the target network")
+    huber: schema.Bool = Field(True, description="Huber loss (delta 1) instead of the squared TD error")
 
 
 @struct.dataclass
 class DQNHParams:
-    lr: jax.Array
-    discount: jax.Array
-    epsilon_start: jax.Array
-    epsilon_end: jax.Array
-    epsilon_decay_steps: jax.Array  # float32, in updates
+    lr: jax.Array = hparam("Adam learning rate", gt=0, le=1)
+    discount: jax.Array = hparam("discount factor gamma", ge=0, le=1)
+    epsilon_start: jax.Array = hparam("exploration epsilon at update 0", ge=0, le=1)
+    epsilon_end: jax.Array = hparam("exploration epsilon after the decay", ge=0, le=1)
+    epsilon_decay_steps: jax.Array = hparam("updates of the linear epsilon decay (float32)", ge=0)
 
 
 @struct.dataclass

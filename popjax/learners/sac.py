@@ -25,36 +25,49 @@ target and the actor loss. Randomness: ``key_next, key_actor = jax.random.split(
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+from pydantic import Field
 
-from popjax.learners.base import Learner, LearnerDef, adam_init, adam_step, init_actor_critic, polyak, scalar
+from popjax import schema
+from popjax.learners.base import (
+    BatchSize,
+    Hidden,
+    Learner,
+    LearnerDef,
+    adam_init,
+    adam_step,
+    init_actor_critic,
+    polyak,
+    scalar,
+)
 from popjax.networks.mlp import GaussianActor, TwinCritic
+from popjax.population.hparams import hparam
 from popjax.types import EnvSpec, Key, PyTree, Transition
 
 _LOG2 = math.log(2.0)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-@dataclasses.dataclass(frozen=True)
+@schema.dataclass
 class SACConfig:
-    hidden: tuple[int, ...] = (256, 256)
-    batch_size: int = 256
+    hidden: Hidden = Field((256, 256), description="hidden layer sizes of the actor and of each critic")
+    batch_size: BatchSize = Field(256, description="transitions per gradient step (the run's batch_size)")
 
 
 @struct.dataclass
 class SACHParams:
-    actor_lr: jax.Array
-    critic_lr: jax.Array
-    alpha_lr: jax.Array
-    discount: jax.Array
-    tau: jax.Array
-    reward_scale: jax.Array
-    target_entropy_scale: jax.Array  # target entropy = -scale * action_dim
+    actor_lr: jax.Array = hparam("actor Adam learning rate", gt=0, le=1)
+    critic_lr: jax.Array = hparam("critic Adam learning rate", gt=0, le=1)
+    alpha_lr: jax.Array = hparam("temperature Adam learning rate", gt=0, le=1)
+    discount: jax.Array = hparam("discount factor gamma", ge=0, le=1)
+    tau: jax.Array = hparam("Polyak rate of the target critic", gt=0, le=1)
+    reward_scale: jax.Array = hparam("multiplies rewards in the critic target", gt=0)
+    # target entropy = -scale * action_dim (a negative scale asks for more entropy than 0 nats)
+    target_entropy_scale: jax.Array = hparam("target entropy = -scale x action_dim")
 
 
 @struct.dataclass

@@ -9,33 +9,46 @@ the gate costs nothing extra and PBT may tune the delay without recompiling.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import struct
+from pydantic import Field
 
-from popjax.learners.base import Learner, LearnerDef, adam_init, adam_step, init_actor_critic, polyak, scalar, select
+from popjax import schema
+from popjax.learners.base import (
+    BatchSize,
+    Hidden,
+    Learner,
+    LearnerDef,
+    adam_init,
+    adam_step,
+    init_actor_critic,
+    polyak,
+    scalar,
+    select,
+)
 from popjax.networks.mlp import DeterministicActor, TwinCritic
+from popjax.population.hparams import hparam
 from popjax.types import EnvSpec, Key, PyTree, Transition
 
 
-@dataclasses.dataclass(frozen=True)
+@schema.dataclass
 class TD3Config:
-    hidden: tuple[int, ...] = (256, 256)
-    batch_size: int = 256
+    hidden: Hidden = Field((256, 256), description="hidden layer sizes of the actor and of each critic")
+    batch_size: BatchSize = Field(256, description="transitions per gradient step (the run's batch_size)")
 
 
 @struct.dataclass
 class TD3HParams:
-    actor_lr: jax.Array
-    critic_lr: jax.Array
-    discount: jax.Array
-    tau: jax.Array
-    exploration_noise: jax.Array
-    target_noise: jax.Array
-    noise_clip: jax.Array
-    policy_delay: jax.Array  # int32 >= 1
+    actor_lr: jax.Array = hparam("actor Adam learning rate", gt=0, le=1)
+    critic_lr: jax.Array = hparam("critic Adam learning rate", gt=0, le=1)
+    discount: jax.Array = hparam("discount factor gamma", ge=0, le=1)
+    tau: jax.Array = hparam("Polyak rate of the target networks", gt=0, le=1)
+    exploration_noise: jax.Array = hparam("std of the Gaussian exploration noise (actions in [-1, 1])", ge=0)
+    target_noise: jax.Array = hparam("std of the target policy smoothing noise", ge=0)
+    noise_clip: jax.Array = hparam("clip of the target policy smoothing noise", ge=0)
+    policy_delay: jax.Array = hparam("critic steps per actor and target step (int32)", ge=1, le=1_000_000,
+                                     integer=True)
 
 
 @struct.dataclass

@@ -1,16 +1,142 @@
-"""Per-member hyperparameters: building ``[pop]`` HParams from defaults, lists and search spaces."""
+"""Per-member hyperparameters: their declared bounds, and ``[pop]`` HParams from defaults, lists
+and search spaces.
+
+Each learner declares what every hyperparameter allows on the field itself::
+
+    @struct.dataclass
+    class TD3HParams:
+        discount: jax.Array = hparam("discount factor", ge=0, le=1)
+        policy_delay: jax.Array = hparam("critic steps per policy step", ge=1, integer=True)
+
+(``hparam`` is a ``flax.struct.field`` whose metadata holds a ``popjax.schema.Number``). User
+values (``hparams``: a scalar or one value per member), search ranges (``search_space`` and PBT's
+priors, which must stay inside those bounds) and the arrays finally built are all checked
+against these declarations.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping
-from typing import Any
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pydantic
+from flax import struct
 
+from popjax.schema import Bool, Float, Invalid, Kind, Number, Schema, convert, fail, problem, show, validate
 from popjax.types import Key
+
+
+def hparam(help: str, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
+           le: float | None = None, integer: bool = False):
+    """A field of a learner's HParams with its allowed values (bounds; ``integer`` for int32 leaves)."""
+    number = Number(gt=gt, ge=ge, lt=lt, le=le, integer=integer, float32=not integer)
+    return struct.field(pytree_node=True, metadata={"hparam": number, "help": help})
+
+
+def hparam_bounds(hparams_cls) -> dict[str, Number]:
+    """``{name: Number}``: what each hyperparameter of a learner allows (declared with ``hparam``)."""
+    fields = dataclasses.fields(hparams_cls)
+    undeclared = [f.name for f in fields if not isinstance(f.metadata.get("hparam"), Number)]
+    if undeclared:
+        name = getattr(hparams_cls, "__name__", type(hparams_cls).__name__)
+        raise TypeError(f"{name}: {', '.join(undeclared)} declare no allowed values; "
+                        "declare each field with popjax.population.hparams.hparam(...)")
+    return {f.name: f.metadata["hparam"] for f in fields}
+
+
+def hparam_help(hparams_cls) -> dict[str, str]:
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(hparams_cls)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PerMember(Kind):
+    """One value for every member, or a list of ``pop_size`` values (the context's ``pop_size``)."""
+
+    number: Number
+
+    def describe(self) -> str:
+        return f"{self.number.describe()}, or a list of one such value per member"
+
+    def convert(self, value, context=None):
+        pop = (context or {}).get("pop_size")
+        if getattr(value, "ndim", 0) == 1 and hasattr(value, "tolist"):  # a numpy or JAX vector
+            value = value.tolist()
+        if isinstance(value, list | tuple):
+            if pop is not None and len(value) != pop:
+                raise Invalid(f"a list needs {pop} values (one per member), got {len(value)}: {show(list(value))}")
+            out = []
+            for i, item in enumerate(value):
+                try:
+                    out.append(self.number.convert(item))
+                except Invalid as err:
+                    raise Invalid(str(err), at=(i,)) from None
+            return out
+        return self.number.convert(value)
+
+
+@functools.cache
+def hparams_schema(hparams_cls) -> type[Schema]:
+    """The schema of user-given hparams of a learner: ``{name: value or [value per member]}``."""
+    helps = hparam_help(hparams_cls)
+    fields = {name: (Annotated[Any, PerMember(number)], pydantic.Field(None, description=helps[name]))
+              for name, number in hparam_bounds(hparams_cls).items()}
+    model = pydantic.create_model(f"{hparams_cls.__name__}Values", __base__=Schema, **fields)
+    model.key_kind = "hparam"
+    return model
+
+
+def validate_hparams(values: Any, hparams_cls, pop_size: int, *, at: Sequence[str | int] = ("hparams",),
+                     nested: bool = False) -> dict[str, Any]:
+    """User-given hparams checked against the declared bounds; returns them normalised (numbers, lists)."""
+    model = validate(hparams_schema(hparams_cls), values, at=at, context={"pop_size": pop_size}, nested=nested)
+    return {name: getattr(model, name) for name in values}
+
+
+class RangeSchema(Schema):
+    """A one-dimensional prior ``{low, high, log, integer}`` (see ``Range``)."""
+
+    low: Float() = pydantic.Field(description="smallest value")
+    high: Float() = pydantic.Field(description="largest value (>= low)")
+    log: Bool = pydantic.Field(False, description="log-uniform (needs low > 0)")
+    integer: Bool = pydantic.Field(False, description="uniform over the integers low..high")
+
+    @pydantic.model_validator(mode="after")
+    def _ordered(self):
+        if not self.low <= self.high:
+            raise problem(f"must be >= low ({show(self.low)}), got {show(self.high)}", at=("high",))
+        if self.log and self.low <= 0:
+            raise problem(f"a log-uniform range needs low > 0, got {show(self.low)}", at=("low",))
+        return self
+
+    def range(self) -> Range:
+        return Range(self.low, self.high, self.log, self.integer)
+
+
+def validate_space(space: Any, hparams_cls, *, at: Sequence[str | int] = ("search_space",), fixed=(),
+                   nested: bool = False) -> dict[str, Range]:
+    """``{hparam: {low, high, log?, integer?}}`` checked against the learner's hparams: known
+    names, ranges inside each hparam's bounds, integer ranges for integer hparams."""
+    bounds = hparam_bounds(hparams_cls)
+    if not isinstance(space, Mapping):
+        fail(f"expected {{hparam: {{low, high, log, integer}}}}, got {show(space)}", at=at, nested=nested)
+    out = {}
+    for name, raw in space.items():
+        if name not in bounds:
+            fail(f"unknown hparam (allowed: {', '.join(bounds)})", at=(*at, name), nested=nested)
+        if name in fixed:
+            fail("also set in hparams; an hparam is either fixed or sampled", at=(*at, name), nested=nested)
+        r = validate(RangeSchema, raw, at=(*at, name), nested=nested)
+        for side in ("low", "high"):
+            convert(bounds[name], getattr(r, side), at=(*at, name, side), nested=nested)
+        if bounds[name].integer and not r.integer:
+            fail(f"{name} is an integer hparam; set integer: true", at=(*at, name, "integer"), nested=nested)
+        out[name] = r.range()
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +168,8 @@ class Range:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Range:
-        unknown = set(d) - {"low", "high", "log", "integer"}
-        if unknown or not {"low", "high"} <= set(d):
-            raise ValueError(f"a search range is {{low, high, log?, integer?}}, got keys {sorted(d)}")
-        return cls(float(d["low"]), float(d["high"]), bool(d.get("log", False)), bool(d.get("integer", False)))
+        """``{low, high, log?, integer?}`` (raises ``ConfigError`` naming the bad key)."""
+        return validate(RangeSchema, d).range()
 
 
 SearchSpace = Mapping[str, Range]
@@ -106,22 +230,8 @@ def hparams_table(hparams) -> dict[str, list[float]]:
     return {name: [plain(v) for v in jax.device_get(getattr(hparams, name)).tolist()] for name in hparam_names(hparams)}
 
 
-# Allowed values by hparam name (suffix match); every learner's HParams fields are covered.
-_BOUNDS = (
-    ("_lr", 0.0, math.inf), ("lr", 0.0, math.inf), ("discount", 0.0, 1.0), ("tau", 0.0, 1.0),
-    ("epsilon_start", 0.0, 1.0), ("epsilon_end", 0.0, 1.0), ("_noise", 0.0, math.inf), ("noise_clip", 0.0, math.inf),
-    ("policy_delay", 1, math.inf), ("_scale", 0.0, math.inf), ("_steps", 0.0, math.inf),
-)
-
-
 def check_hparams(hparams) -> None:
-    """Raises ValueError naming the first hparam with a non-finite or out-of-range member value."""
-    for name, values in hparams_table(hparams).items():
-        values = jnp.asarray(values, jnp.float32)
-        if not bool(jnp.isfinite(values).all()):
-            raise ValueError(f"hparams.{name}: values must be finite, got {values.tolist()}")
-        for suffix, low, high in _BOUNDS:
-            if name.endswith(suffix):
-                if bool((values < low).any() | (values > high).any()):
-                    raise ValueError(f"hparams.{name}: values must lie in [{low}, {high}], got {values.tolist()}")
-                break
+    """Raises ``ConfigError`` naming the first member value outside its hparam's declared bounds."""
+    for name, number in hparam_bounds(type(hparams)).items():
+        for i, value in enumerate(np.asarray(jax.device_get(getattr(hparams, name))).reshape(-1).tolist()):
+            convert(number, value, at=("hparams", name, i))
