@@ -50,6 +50,19 @@ def test_user_errors_exit_2_with_one_line(argv, message, capsys, tmp_path):
     assert not (tmp_path / "run").exists()  # failed before writing anything
 
 
+def test_a_gymnasium_env_whose_extra_is_missing_names_the_extra(capsys, tmp_path):
+    pytest.importorskip("gymnasium")
+    try:
+        import Box2D  # noqa: F401
+        pytest.skip("Box2D is installed here")  # the error cannot be produced
+    except ImportError:
+        pass
+    code, err = run_cli(["train", "--env", "gym:LunarLanderContinuous-v3", "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and "\n" not in err
+    assert err.startswith("popjax: error: env: gym:LunarLanderContinuous-v3 needs an optional dependency")
+    assert 'gymnasium[box2d]' in err and not (tmp_path / "run").exists()
+
+
 def test_continuous_learner_on_discrete_env_is_rejected(capsys, tmp_path):
     code, err = run_cli(["train", "--env", "probe:cartpole", "--learner", "td3", "--out", str(tmp_path)], capsys)
     assert code == 2

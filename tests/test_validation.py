@@ -42,8 +42,9 @@ class Case:
     field: str  # the line starts with it
     build: bool = False  # caught once the env is known (memory, action kind), not by the schema alone
 
-    def __str__(self):
-        return f"{self.how}:{self.field}:{str(self.payload)[:40]}"
+    def __str__(self):  # stable across processes (xdist workers compare ids): no object addresses
+        payload = "RunConfig(...)" if callable(self.payload) else str(self.payload)[:40]
+        return f"{self.how}:{self.field}:{payload}"
 
 
 def cli_case(*argv, field, build=False):
@@ -220,10 +221,10 @@ def attempt(case: Case, out: Path, tmp: Path, capsys) -> str:
 
 
 def variants():
-    for case in CASES:
-        yield pytest.param(case, "missing", id=f"{case}-missing")
+    for i, case in enumerate(CASES):
+        yield pytest.param(case, "missing", id=f"{i}-{case}-missing")
         if not case.build:  # schema errors come before anything looks at --out
-            yield pytest.param(case, "existing", id=f"{case}-existing")
+            yield pytest.param(case, "existing", id=f"{i}-{case}-existing")
 
 
 def test_the_table_has_at_least_60_bad_inputs():

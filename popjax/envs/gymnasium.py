@@ -57,9 +57,20 @@ def spec_from_gym_env(env_id: str, env: gym.Env) -> EnvSpec:
     raise ValueError(f"gym:{env_id}: only Discrete or 1-D Box action spaces are supported, got {act_space}")
 
 
+def make_env(env_id: str) -> gym.Env:
+    """``gym.make(env_id)``; an optional dependency that is missing is a ValueError naming it.
+
+    gymnasium's own message names the extra to install (e.g. ``pip install "gymnasium[box2d]"``).
+    """
+    try:
+        return gym.make(env_id)
+    except gym.error.DependencyNotInstalled as err:
+        raise ValueError(f"gym:{env_id} needs an optional dependency: {' '.join(str(err).split())}") from None
+
+
 def gym_env_spec(env_id: str) -> EnvSpec:
     """The ``EnvSpec`` of ``gym:<env_id>`` (makes one env and closes it; no stepping)."""
-    env = gym.make(env_id)
+    env = make_env(env_id)
     try:
         return spec_from_gym_env(env_id, env)
     finally:
@@ -75,7 +86,7 @@ class HostVecEnv:
         self.env_id = env_id
         self.num_envs = int(num_envs)
         self.seed = int(seed)
-        self.envs = [gym.make(env_id) for _ in range(self.num_envs)]
+        self.envs = [make_env(env_id) for _ in range(self.num_envs)]
         self.spec: EnvSpec = spec_from_gym_env(env_id, self.envs[0])
         if self.spec.discrete:
             self._low = self._scale = None
