@@ -206,12 +206,25 @@ def _ints(flag: str, text) -> list[int]:
         raise ValueError(f"{flag}: {err}") from None
 
 
+def _is_bench_result(path: Path) -> bool:
+    """A JSON file a study wrote (its payload names the study and the machine)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and {"study", "machine"} <= set(data)
+
+
 def _writable(flag: str, path: Path) -> None:
     """``path`` can be written: not a directory, its nearest existing ancestor a writable directory."""
     if path.is_dir():
         raise ValueError(f"{flag}: {path} is a directory; give a directory for the results or a .json path")
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{flag}: {path} is not writable")
+    if path.exists() and not _is_bench_result(path):
+        raise ValueError(f"{flag}: {path} exists and is not a popjax benchmark result; popjax does not overwrite it")
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
