@@ -24,7 +24,7 @@ _FLAGS = {
     "steps": "total_env_steps", "envs_per_member": "envs_per_member", "rollout_len": "rollout_len",
     "update_ratio": "update_ratio", "warmup": "warmup_steps", "batch_size": "batch_size",
     "buffer_size": "buffer_size", "eval_interval": "eval_interval", "eval_episodes": "eval_episodes",
-    "devices": "devices", "parallel": "parallel", "checkpoint_interval": "checkpoint_interval",
+    "devices": "devices", "parallel": "parallel", "overlap": "overlap", "checkpoint_interval": "checkpoint_interval",
 }
 
 

@@ -119,6 +119,8 @@ class RunConfig:
     devices: Int(ge=1, le=4_096) = Field(
         1, description="devices the population is split over; pop_size must be a multiple")
     parallel: OneOf(PARALLEL_MODES) = Field("sharding", description="how --devices splits the population")
+    overlap: Bool = Field(False, description="gym path: step the envs of iteration t+1 while the update of iteration t "
+                                             "runs (one iteration of policy lag, deterministic)")
     checkpoint_interval: Int(ge=0, le=MAX_STEPS) = Field(
         0, description="env steps per member between checkpoints; 0 = at evaluations only")
     progress: Bool = Field(True, description="show a progress bar")

@@ -22,7 +22,7 @@ from popjax.loop import KeyPurpose, Loop, key_for
 from popjax.plots import learning_curves
 from popjax.population.hparams import Range, check_hparams, population_hparams
 from popjax.population.members import Members
-from popjax.population.sharding import Placement
+from popjax.population.sharding import Placement, acting_device, reserve_acting_device
 from popjax.presets import apply_preset
 from popjax.rundir import RunDir, RunLock, check_new_run, start_run
 
@@ -43,6 +43,11 @@ def build_learner_config(config: RunConfig, definition):
 
 def build(config: RunConfig) -> Loop:
     """Resolves every name into the driver, the env runner and the loop (no compilation)."""
+    if config.overlap and registry.is_jax_env(config.env):
+        raise ConfigError(f"overlap: only the gymnasium path steps envs on the host; on {config.env} acting and "
+                          "learning are already one compiled call")
+    if config.overlap:
+        reserve_acting_device(config.devices)  # before anything starts JAX
     definition = LEARNERS[config.learner]
     try:
         spec = registry.env_spec(config.env)
@@ -56,6 +61,8 @@ def build(config: RunConfig) -> Loop:
     learner = definition.make(learner_config, spec)
     try:
         placement = Placement(config.devices, config.parallel)
+        if config.overlap:
+            acting_device(config.devices)
         space = {name: Range.from_dict(r) for name, r in config.search_space.items()}
         hparams = population_hparams(definition.default_hparams(learner_config), config.pop_size, config.hparams,
                                      space, key_for(config.seed, KeyPurpose.HPARAMS))
@@ -176,7 +183,7 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
 # RunConfig fields a resume may change: they set the budget, cadence and placement, not what the
 # checkpointed state means.
 CHANGEABLE_ON_RESUME = ("total_env_steps", "eval_interval", "eval_episodes", "checkpoint_interval", "progress",
-                        "tensorboard", "devices", "parallel")
+                        "tensorboard", "devices", "parallel")  # not overlap: it changes which params act
 
 
 def _check_fits(config: RunConfig, saved: dict[str, Any], path: Path, checkpointer: Checkpointer) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 
 from popjax.config import RunConfig
 from popjax.drivers.base import Driver, Episodes, Rollout
-from popjax.population.sharding import Placement
+from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
 from popjax.rundir import RunDir
 from popjax.types import Key
@@ -114,6 +114,13 @@ class Loop:
         self.axes = driver.member_axes
         self.state_shardings = placement.shardings(jax.eval_shape(driver.init, self.key(KeyPurpose.INIT, 0)),
                                                    self.axes)
+        # Overlap (host path, rollout drivers): iteration t+1 acts with a snapshot of the state taken before
+        # learn t is dispatched, so the host steps envs while learn t runs (one iteration of policy lag).
+        self.overlap = config.overlap and not runner.jax_path and isinstance(local.interaction, Rollout)
+        self.acting = None  # the snapshot the next rollout acts with (overlap)
+        # A device computes one program at a time: acting runs on its own device so that it does not
+        # queue behind the update (see popjax.population.sharding.acting_device).
+        self.acting_device = acting_device(config.devices) if self.overlap else None
 
     # --- programs ------------------------------------------------------------------------------
     def key(self, purpose: KeyPurpose, iteration: int | None = None) -> Key:
@@ -190,14 +197,25 @@ class Loop:
                 prepare = self.compiler("prepare", prepare, keys[0], state, donate=(1,),
                                         out_shardings=(self.state_shardings, None))
                 state, metrics = prepare(keys[0], state)
-            _, experience = self._host_interact(keys[1], self._host_act(), state)
+            if self.overlap:
+                acting = self.acting if self.acting is not None else self.snapshot(state)
+                self.acting = self.snapshot(state)  # before learn donates the state's buffers
+            else:
+                acting = state
+            _, experience = self._host_interact(keys[1], self._host_act(), acting)
             learn = self.placement.program(self.local.learn, (False, axes, True), (axes, True))
             learn = self.compiler("learn", learn, keys[2], state, experience, donate=(1,),
                                   out_shardings=(self.state_shardings, None))
             state, learned = learn(keys[2], state, experience)
             metrics = {**metrics, **learned}
         self.iteration += 1
-        return state, env_state, {name: np.asarray(v) for name, v in metrics.items()}
+        return state, env_state, metrics  # device arrays: reading them would wait for the update
+
+    def snapshot(self, state):
+        """A copy of what ``act`` reads (``Driver.acting_view``) on the acting device: fresh buffers learn
+        cannot donate, on a device whose queue the update does not block."""
+        view = self.driver.acting_view(state) if self.driver.acting_view is not None else state
+        return jax.device_put(view, self.acting_device, may_alias=False)
 
     def collect(self, state, env_state, iteration: int | None = None):
         """The iteration's interaction alone (what ``bench envstep`` times): ``(env_state, experience)``.
@@ -211,8 +229,15 @@ class Loop:
         return self.compiler("collect", program, key, state, env_state)(key, state, env_state)
 
     def _host_act(self):
-        """The compiled acting program of the host path (compiled at its first call, when obs are known)."""
-        act, compiler = self.placement.program(self._step_act, (False, False, self.axes, True), True), self.compiler
+        """The compiled acting program of the host path (compiled at its first call, when obs are known).
+
+        With overlap it is the whole population's act on the acting device (where the snapshot is).
+        """
+        if self.overlap:
+            act = lambda key, t, state, obs: self.driver.act(jax.random.fold_in(key, t), state, obs)
+        else:
+            act = self.placement.program(self._step_act, (False, False, self.axes, True), True)
+        compiler = self.compiler
 
         def call(key, t, actor, obs):
             return compiler("act", act, key, t, actor, obs)(key, t, actor, obs)
@@ -268,7 +293,7 @@ class Loop:
                 start, compile_before = time.perf_counter(), self.compiler.compile_s
                 before = env_steps
                 state, env_state, metrics = self.step(state, env_state)
-                env_steps, updates = self.counters(state)
+                env_steps = self._env_steps_after(state, before)
                 returns = None
                 evaluated = crossed(before, env_steps, cfg.eval_interval) or env_steps >= cfg.total_env_steps
                 if evaluated:
@@ -282,13 +307,23 @@ class Loop:
                     state, info = self.after_eval(state, returns)
                     self.driver.host.record(state, env_steps, returns, info)
                 self.wall_s += time.perf_counter() - start - (self.compiler.compile_s - compile_before)
-                self.run_dir.append_metrics([{"env_steps": env_steps, "updates": updates,
-                                              "wall_s": round(self.wall_s, 3), **row} for row in rows])
+                if rows:
+                    counted, updates = self.counters(state)
+                    assert counted == env_steps, (counted, env_steps)  # the host's count (overlap) is the state's
+                    self.run_dir.append_metrics([{"env_steps": env_steps, "updates": updates,
+                                                  "wall_s": round(self.wall_s, 3), **row} for row in rows])
                 if self.checkpointer is not None and (evaluated or crossed(before, env_steps,
                                                                            cfg.checkpoint_interval)):
                     self.save_checkpoint(state, env_state)
                 progress.advance_to(min(env_steps, cfg.total_env_steps))
         return state
+
+    def _env_steps_after(self, state, before: int) -> int:
+        """Env steps per member after an iteration: known on the host for a rollout with overlap (reading the
+        state would wait for the update the next rollout is meant to overlap), else read from the state."""
+        if self.overlap:
+            return before + self.local.interaction.steps_per_member
+        return self.counters(state)[0]
 
     def _warn_diverged(self, returns: np.ndarray, env_steps: int) -> None:
         newly = ~np.isfinite(returns) & (np.isfinite(self.history[-1]) if self.history else True)
@@ -305,12 +340,13 @@ class Loop:
                 "compile_s": self.compiler.compile_s,
                 "history": [[_json_float(v) for v in r.tolist()] for r in self.history],
                 "driver": self.driver.host.state_dict()}
-        self.checkpointer.save(self.iteration, {"state": state, "env_state": env_state}, meta)
+        self.checkpointer.save(self.iteration, {"state": state, "env_state": env_state, "acting": self.acting}, meta)
 
     def restore_checkpoint(self):
         """Loads the newest usable checkpoint; returns ``(state, env_state)`` or None."""
         state, env = self.state_template()
-        found = self.checkpointer.restore_latest({"state": state, "env_state": env})
+        acting = jax.eval_shape(self.snapshot, state) if self.overlap else None
+        found = self.checkpointer.restore_latest({"state": state, "env_state": env, "acting": acting})
         if found is None:
             return None
         _, tree, meta = found
@@ -319,6 +355,8 @@ class Loop:
         self.history = [np.array([np.nan if v is None else v for v in r], np.float64) for r in meta["history"]]
         self.driver.host.load_state_dict(meta["driver"])
         state, env_state = self.place(tree["state"], tree["env_state"])
+        if tree["acting"] is not None:
+            self.acting = jax.device_put(tree["acting"], self.acting_device)
         if not self.runner.jax_path:
             # Host envs cannot be snapshotted: they start new episodes (see ``popjax.experiment.resume``).
             env_state = self.runner.reset(self.key(KeyPurpose.ENV_RESET, self.iteration))

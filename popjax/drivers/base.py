@@ -134,6 +134,8 @@ class Driver(NamedTuple):
       host: the ``DriverHost``.
       prepare: optional ``(key, state) -> (state, metrics)`` run before interacting.
       after_eval: optional ``(key, state, returns) -> (state, info)`` run after each evaluation.
+      acting_view: optional ``state -> state``: the state with only what ``act`` reads (e.g. no
+        replay buffer); the loop snapshots it to act while ``learn`` runs (``overlap``).
     """
 
     init: Callable[[Key], Any]
@@ -146,6 +148,7 @@ class Driver(NamedTuple):
     host: DriverHost
     prepare: Callable[[Key, Any], tuple[Any, Metrics]] | None = None
     after_eval: Callable[[Key, Any, jax.Array], tuple[Any, Any]] | None = None
+    acting_view: Callable[[Any], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +243,7 @@ class DriverDef:
 def member_rows(returns: np.ndarray, hparams, metrics: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
     """One row per member: ``member``, ``eval_return``, its hparams and its metrics."""
     table = hparams_table(hparams)
+    metrics = {name: np.asarray(values) for name, values in metrics.items()}  # one transfer per metric
     rows = []
     for m, ret in enumerate(np.asarray(returns).tolist()):
         row = {"member": m, "eval_return": ret}

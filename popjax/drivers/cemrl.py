@@ -175,6 +175,7 @@ class CEMRLHost(DriverHost):
                   "fitness_mean": float(np.mean(fitness)), "fitness_std": float(np.std(fitness)),
                   "cem_std_mean": float(np.mean(np.sqrt(var))), "cov_noise": float(cov_noise)}
         table = hparams_table(state.hparams)
+        metrics = {name: np.asarray(values) for name, values in metrics.items()}
         rows = []
         for m, value in enumerate(np.asarray(fitness).tolist()):
             row = {"member": m, "eval_return": value, **{n: v[m] for n, v in table.items()}, **common}

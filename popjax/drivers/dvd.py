@@ -277,7 +277,8 @@ def build(ctx: BuildContext, options: DvDOptions | DvDSettings) -> Driver:
     member_axes = DvDState(learner=shared.member_axes, buffer=False, hparams=True, bandit=False, counters=False)
     return Driver(init=init, interaction=rollout, act=act, learn=learn, evaluation=Episodes(cfg.eval_episodes),
                   policy=lambda state, obs: shared.policy(state.learner, obs), member_axes=member_axes,
-                  host=DvDHost(settings), after_eval=after_eval if bandit else None)
+                  host=DvDHost(settings), after_eval=after_eval if bandit else None,
+                  acting_view=lambda state: state.replace(buffer=None))
 
 
 def dvd_run_plots(run_dir) -> list:

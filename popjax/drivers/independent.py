@@ -93,7 +93,8 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
         return jax.vmap(learner.policy)(state.learner, obs)
 
     return Driver(init=init, interaction=rollout, act=act, learn=learn, evaluation=Episodes(cfg.eval_episodes),
-                  policy=policy, member_axes=member_axes, host=DriverHost(lambda state: state.hparams))
+                  policy=policy, member_axes=member_axes, host=DriverHost(lambda state: state.hparams),
+                  acting_view=lambda state: state.replace(buffer=None))
 
 
 DEFINITION = DriverDef(name="independent", build=lambda ctx, options: make_population(ctx))

@@ -97,3 +97,29 @@ class Placement:
         # (computed from replicated inputs or after a collective over the devices).
         return jax.shard_map(fn, mesh=self.mesh, in_specs=tuple(spec(a) for a in in_axes), out_specs=spec(out_axes),
                              check_vma=False)
+
+
+def reserve_acting_device(training_devices: int) -> None:
+    """Asks for one more CPU device than the training devices, if JAX has not started yet (else a no-op)."""
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized() and jax.config.values.get("jax_num_cpu_devices", -1) in (-1, 0, 1):
+        jax.config.update("jax_num_cpu_devices", training_devices + 1)
+
+
+def acting_device(training_devices: int):
+    """A device for acting while the update runs on the first ``training_devices`` devices.
+
+    A device computes one program at a time, so acting needs its own: the next device of the
+    platform, else the host CPU next to an accelerator. On a CPU-only machine popjax forces one
+    more host device when JAX has not started yet (``jax_num_cpu_devices``); otherwise it is a
+    ValueError saying how to get one.
+    """
+    available = jax.devices()
+    if len(available) > training_devices:
+        return available[training_devices]
+    if available[0].platform != "cpu":
+        return jax.devices("cpu")[0]
+    raise ValueError(f"overlap: acting needs a device besides the {training_devices} training device(s) and JAX "
+                     f"already started with {len(available)}; start the process with "
+                     f"XLA_FLAGS=--xla_force_host_platform_device_count={training_devices + 1}")
