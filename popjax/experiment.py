@@ -58,7 +58,6 @@ def build(config: RunConfig) -> Loop:
                           f"{spec.describe_actions()}")
     check_memory(config, spec)  # replay buffers and evaluation batch, before anything is allocated
     learner_config = build_learner_config(config, definition)
-    learner = definition.make(learner_config, spec)
     try:
         placement = Placement(config.devices, config.parallel)
         if config.overlap:
@@ -70,10 +69,14 @@ def build(config: RunConfig) -> Loop:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     driver_def = DRIVERS[config.driver]
+    options = driver_def.parse_options(config)
+    if definition.specialize is not None:  # a static setting the run allows (TD3: a fixed policy delay)
+        learner_config = definition.specialize(learner_config, hparams, config.updates_per_iter,
+                                               options.searched_hparams())
+    learner = definition.make(learner_config, spec)
     ctx = BuildContext(config=config, spec=spec, learner_def=definition, learner_config=learner_config,
                        learner=learner, hparams=hparams, members=Members(config.pop_size),
                        setup_key=key_for(config.seed, KeyPurpose.DRIVER_SETUP))
-    options = driver_def.parse_options(config)
     driver = driver_def.build(ctx, options)
     members = placement.members(config.pop_size)
     local = driver_def.build(dataclasses.replace(ctx, members=members), options) if placement.per_device else driver

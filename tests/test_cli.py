@@ -33,7 +33,7 @@ def run_cli(argv, capsys):
         (["--hparam", "actor_lr=[0.1, 0.2]", "--pop", "4"],
          "hparams.actor_lr: a list needs 4 values (one per member), got 2"),
         (["--hparam", "nope=1"], "hparams.nope: unknown hparam (allowed: actor_lr, critic_lr"),
-        (["--learner-config", "widths=[3]"], "learner_config.widths: unknown key (allowed: hidden, batch_size)"),
+        (["--learner-config", "widths=[3]"], "learner_config.widths: unknown key (allowed: hidden, batch_size, fixed_policy_delay)"),
         (["--set", "colour=red"], "colour: unknown option (allowed: learner, env"),
         (["--warmup", "5000", "--steps", "1000"], "warmup_steps: 5000 leaves no training"),
         (["--parallel", "mpi"], "parallel: 'mpi' unknown (allowed: sharding, pmap)"),

@@ -3,9 +3,10 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from popjax.buffers import make_uniform_buffer
-from popjax.config import make_config
+from popjax.config import ConfigError, make_config
 from popjax.drivers.base import BuildContext
 from popjax.drivers.independent import make_population
 from popjax.envs.runner import Experience
@@ -92,3 +93,53 @@ def test_population_step_traces_once_across_hparam_changes():
     assert n_after_first >= 1
     assert len(traces) == n_after_first
     assert train._cache_size() == 1
+
+
+def test_fixed_policy_delay_chunks_equal_the_traced_gate():
+    """TD3 with ``fixed_policy_delay`` (d - 1 critic-only steps, then one full step) = the traced gate."""
+    import dataclasses
+
+    def learn(config):
+        learner = td3.make_td3(config, SPEC)
+        run = make_config(learner="td3", env="probe:pendulum", pop_size=POP, rollout_len=32, update_ratio=K / 32,
+                          warmup_steps=0, batch_size=CONFIG.batch_size, buffer_size=64, progress=False)
+        hp = population_hparams(td3.default_hparams(), POP, {"actor_lr": [1e-3, 3e-4, 0.0], "policy_delay": 2})
+        ctx = BuildContext(config=run, spec=SPEC, learner_def=LEARNERS["td3"], learner_config=config, learner=learner,
+                           hparams=hp, members=Members(POP), setup_key=jax.random.key(9))
+        population = make_population(ctx)
+        _, _, rollout, _ = filled_population(td3.make_td3(CONFIG, SPEC))
+        state = population.init(jax.random.key(0))
+        for i in range(2):  # two calls: the step counter stays aligned to the chunks
+            state, metrics = jax.jit(population.learn)(jax.random.key(7 + i), state, rollout)
+        return learner, state, metrics
+
+    traced, traced_state, traced_metrics = learn(CONFIG)
+    fixed, fixed_state, fixed_metrics = learn(dataclasses.replace(CONFIG, fixed_policy_delay=2))
+    assert (traced.chunk, fixed.chunk) == (1, 2)
+    for a, b in zip(jax.tree.leaves(fixed_state.learner), jax.tree.leaves(traced_state.learner), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    for name in ("critic_loss", "q_mean"):  # the chunk's actor_loss is the policy step's only
+        np.testing.assert_allclose(fixed_metrics[name], traced_metrics[name], rtol=1e-5)
+    assert int(fixed_state.learner.steps[0]) == 2 * K
+
+
+def test_the_delay_is_fixed_only_when_no_member_or_driver_changes_it():
+    from popjax.drivers import DRIVERS
+
+    def fixed(delays, k=50, searched=frozenset()):
+        hp = population_hparams(td3.default_hparams(), len(delays), {"policy_delay": delays})
+        return td3.specialize(CONFIG, hp, k, searched).fixed_policy_delay
+
+    assert fixed([2, 2]) == 2 and fixed([3, 3], k=51) == 3
+    assert fixed([1, 2]) is None  # members differ
+    assert fixed([2, 2], k=25) is None  # K is not a multiple of the delay
+    assert fixed([1, 1]) is None  # delay 1: the traced update already wastes nothing
+    assert fixed([2, 2], searched=frozenset({"policy_delay"})) is None
+    run = dict(learner="td3", env="probe:pendulum", pop_size=4, driver="pbt")
+    assert "policy_delay" in DRIVERS["pbt"].parse_options(make_config(**run)).searched_hparams()  # TD3's prior
+    narrow = make_config(**run, pbt={"search_space": {"actor_lr": {"low": 1e-4, "high": 1e-3, "log": True}}})
+    assert DRIVERS["pbt"].parse_options(narrow).searched_hparams() == {"actor_lr"}
+    with pytest.raises(ConfigError, match="fixed_policy_delay: 2 needs every member"):
+        td3.specialize(td3.TD3Config(fixed_policy_delay=2), population_hparams(td3.default_hparams(), 2,
+                                                                                {"policy_delay": [1, 2]}), 50,
+                       frozenset())

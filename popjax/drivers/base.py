@@ -185,6 +185,10 @@ class DriverOptions(Schema):
         """The keys the user gave, with their validated values (what ``config.yaml`` holds)."""
         return {key: _plain(getattr(self, key)) for key in raw}
 
+    def searched_hparams(self) -> frozenset[str]:
+        """The hparams this driver changes during the run (PBT: its search space); none by default."""
+        return frozenset()
+
 
 class NoOptions(DriverOptions):
     """The options of a driver that takes none."""

@@ -23,6 +23,7 @@ from flax import struct
 from popjax.buffers import BufferState, make_uniform_buffer
 from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, Episodes, Rollout, train_unless
 from popjax.envs.runner import Experience
+from popjax.learners.base import chunk_update
 from popjax.types import EnvSpec, Key, dummy_transition
 
 
@@ -51,8 +52,10 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
     learner, spec, members, cfg = ctx.learner, ctx.spec, ctx.members, ctx.config
     buffer = make_uniform_buffer(cfg.buffer_size, cfg.batch_size)
     rollout = Rollout(cfg.rollout_len, cfg.envs_per_member)
-    k = cfg.updates_per_iter
-    v_update, v_sample = jax.vmap(learner.update), jax.vmap(buffer.sample)
+    k, chunk = cfg.updates_per_iter, learner.chunk
+    v_sample = jax.vmap(buffer.sample)
+    # A chunk of consecutive updates per member (keys [chunk], batches [chunk, B, ...]): vmapped over members.
+    v_chunk = jax.vmap(chunk_update(learner), in_axes=(1, 0, 1, 0))
 
     def warming_up(state) -> jax.Array:
         return state.counters.env_steps < cfg.warmup_steps
@@ -71,14 +74,17 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
                             lambda: jax.vmap(learner.act)(keys, state.learner, obs, state.hparams))
 
     def train(key: Key, state):
-        """K gradient steps for every member; metrics are means over the K steps, ``[pop]``."""
+        """K gradient steps for every member, in chunks of the learner's ``chunk`` (1: one update per scan
+        step); step ``i`` samples and updates with the keys of ``split(key, K)[i]`` either way. Metrics are
+        means over the K steps, ``[pop]``."""
 
-        def one_step(learner_state, step_key):
-            key_sample, key_update = jax.random.split(step_key)
-            batch = v_sample(members.keys(key_sample), state.buffer)
-            return v_update(members.keys(key_update), learner_state, batch, state.hparams)
+        def one_chunk(learner_state, chunk_keys):
+            sample_keys, update_keys = jnp.moveaxis(jax.vmap(jax.random.split)(chunk_keys), 1, 0)
+            batches = jax.vmap(lambda k_: v_sample(members.keys(k_), state.buffer))(sample_keys)  # [chunk, pop, ...]
+            return v_chunk(jax.vmap(members.keys)(update_keys), learner_state, batches, state.hparams)
 
-        learner_state, metrics = jax.lax.scan(one_step, state.learner, jax.random.split(key, k))
+        step_keys = jax.random.split(key, k).reshape(k // chunk, chunk)
+        learner_state, metrics = jax.lax.scan(one_chunk, state.learner, step_keys)
         return learner_state, jax.tree.map(lambda m: m.mean(axis=0), metrics)
 
     def learn(key: Key, state, experience: Experience):

@@ -163,6 +163,9 @@ class PBTOptions(DriverOptions):
         self._space = validate_space(space, hparams_cls, at=("search_space",), nested=True)
         return self
 
+    def searched_hparams(self) -> frozenset[str]:
+        return frozenset(self._space)
+
     def pbt_config(self) -> PBTConfig:
         return PBTConfig(interval=self.interval, quantile=self.quantile, explore=self.explore,
                          perturb_factors=tuple(float(f) for f in self.perturb_factors),

@@ -27,12 +27,26 @@ class Learner(NamedTuple):
     update(key, state, batch, hparams) -> (state, metrics)     # ONE member, one gradient step
     act(key, state, obs, hparams) -> action                    # exploration (obs may be batched)
     policy(state, obs) -> action                                # greedy / evaluation
+
+    Optional: ``update_chunk(keys [chunk], state, batches [chunk, B, ...], hparams)`` does
+    ``chunk`` consecutive updates at once, equal in result to ``chunk`` calls of ``update`` with
+    those keys and batches but free to skip work ``update`` would discard (TD3 with a fixed
+    policy delay); its metrics are means over the chunk. Population code scans chunks.
     """
 
     init: Callable[[Key, Any], Any]
     update: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]]
     act: Callable[[Key, Any, jax.Array, Any], jax.Array]
     policy: Callable[[Any, jax.Array], jax.Array]
+    chunk: int = 1
+    update_chunk: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
+
+
+def chunk_update(learner: Learner) -> Callable:
+    """``learner.update_chunk``, or one ``update`` over a chunk of 1."""
+    if learner.update_chunk is not None:
+        return learner.update_chunk
+    return lambda keys, state, batches, hp: learner.update(keys[0], state, jax.tree.map(lambda b: b[0], batches), hp)
 
 
 class PopulationLearner(Protocol):
@@ -71,6 +85,9 @@ class LearnerDef:
     make: Callable[[Any, EnvSpec], Learner]
     default_hparams: Callable[[Any], Any]
     action_kind: str  # "continuous" or "discrete"
+    # (config, initial hparams [pop], updates per call K, hparams a driver may change) -> config: a learner
+    # may fix a static setting the run allows (TD3: a policy delay no member will change).
+    specialize: Callable[[Any, Any, int, frozenset[str]], Any] | None = None
 
 
 # Adam without its learning rate: `params - lr * scale_by_adam(grads)` equals Adam(lr)
