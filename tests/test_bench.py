@@ -421,6 +421,20 @@ def test_options_a_study_does_not_have_are_rejected(study, flag, capsys):
         update.run(no_such_option=1)
 
 
+@pytest.mark.parametrize("study", ["update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers",
+                                   "report"])
+def test_every_option_of_a_study_has_a_flag_and_help(study, capsys):
+    import dataclasses
+
+    from popjax import bench, cli
+    from popjax.bench.options import flag_of
+
+    assert cli.main(["bench", study, "--help"]) == 0
+    text = capsys.readouterr().out
+    for f in dataclasses.fields(bench.options_class(study)):
+        assert flag_of(f) in text and f.metadata["help"], f.name
+
+
 def test_options_are_checked_from_python_too():
     with pytest.raises(ValueError, match="--repeats: must be >= 10, got 3"):
         update.Options(repeats=3)
