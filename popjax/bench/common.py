@@ -5,9 +5,16 @@ Timing rules (DESIGN.md §10, population-core reference §2.3 and §10.9):
 - compile time is measured separately (AOT ``lower().compile()``), never mixed into run time;
 - every timed call blocks on **every leaf** of its output (``jax.block_until_ready``);
 - the first ``warmup`` calls are dropped, then calls are repeated until both a minimum count
-  and a minimum wall time are reached; we report the median (and the paper-style mean);
+  (at least 10 in every study, K-step calls included) and a minimum wall time are reached;
+  we report the median and the IQR (and the paper-style mean); a per-point time budget is
+  kept by skipping larger N (recorded), never by timing fewer calls;
 - all implementations of one comparison are timed in the same process, one after another,
-  so that ratios are measured under the same machine load.
+  so that ratios are measured under the same machine load;
+- every study runs in a ``Sitting``: it refuses to start when the 1-minute load average
+  exceeds half the cores (unless ``--allow-busy``, which stamps the results ``busy``), and it
+  measures the machine's ceilings in the same process (the dense-matmul peak before and after
+  the study, and the N×[B,h]@[h,h] ceiling of the workload's dominant layer beside the points
+  it bounds).
 """
 
 from __future__ import annotations
@@ -40,10 +47,9 @@ def time_calls(
     call: Callable[[], Any],
     *,
     warmup: int = 2,
-    min_repeats: int = 5,
+    min_repeats: int = 10,
     max_repeats: int = 200,
     min_time: float = 1.0,
-    max_time: float | None = None,
     sync: Callable[[Any], Any] = block,
 ) -> dict[str, Any]:
     """Times ``call()`` repeatedly; every call's output is synchronised with ``sync`` before the clock stops.
@@ -51,9 +57,8 @@ def time_calls(
     Args:
       call: the thing to time; its return value is passed to ``sync``.
       warmup: untimed calls first (first execution, caches, allocator warm-up).
-      min_repeats, max_repeats: bounds on the number of timed calls.
+      min_repeats, max_repeats: bounds on the number of timed calls (``min_repeats`` is always reached).
       min_time: keep repeating (up to ``max_repeats``) until this much time was spent timing.
-      max_time: stop once this much time was spent, even below ``min_repeats`` (at least 1 call).
       sync: blocks until the output is computed (``jax.block_until_ready`` by default).
 
     Returns:
@@ -63,15 +68,13 @@ def time_calls(
         sync(call())
     times: list[float] = []
     spent = 0.0
-    while len(times) < max_repeats:
+    while len(times) < max(max_repeats, min_repeats):
         start = time.perf_counter()
         sync(call())
         elapsed = time.perf_counter() - start
         times.append(elapsed)
         spent += elapsed
         if len(times) >= min_repeats and spent >= min_time:
-            break
-        if max_time is not None and spent >= max_time:
             break
     return summarize(times)
 
@@ -80,15 +83,14 @@ def time_interleaved(
     entries: Sequence[tuple[Callable[[], Any], Callable[[Any], Any], int]],
     *,
     min_time: float = 1.0,
-    max_time: float | None = None,
     max_repeats: int = 200,
 ) -> list[dict[str, Any]]:
     """Times several (already warmed-up) calls **round-robin**: one call of each in turn.
 
     Each entry is ``(call, sync, min_repeats)``; an entry stops once it has ``min_repeats`` calls
-    and ``min_time`` seconds (or ``max_time`` seconds, or ``max_repeats`` calls), the others go on.
-    On a shared machine this exposes every implementation to the same load, so their ratio
-    is meaningful even when the absolute times drift.
+    and ``min_time`` seconds (or ``max_repeats`` calls, never fewer than ``min_repeats``), the
+    others go on. On a shared machine this exposes every implementation to the same load, so
+    their ratio is meaningful even when the absolute times drift.
     """
     times: list[list[float]] = [[] for _ in entries]
     spent = [0.0] * len(entries)
@@ -102,13 +104,17 @@ def time_interleaved(
             times[i].append(elapsed)
             spent[i] += elapsed
             n = len(times[i])
-            if (
-                (n >= min_repeats and spent[i] >= min_time)
-                or n >= max_repeats
-                or (max_time is not None and spent[i] >= max_time)
-            ):
+            if n >= min_repeats and (spent[i] >= min_time or n >= max_repeats):
                 active.remove(i)
     return [summarize(t) for t in times]
+
+
+def estimated_seconds(call_s: float, scale: float, *, repeats: int, min_time: float, warmup: int) -> float:
+    """Seconds a point will take (warm-up and timed calls, compilation excluded) when one call took
+    ``call_s`` at the previous size and the work grows by ``scale`` (the ratio of population sizes:
+    linear, an over-estimate at small N)."""
+    t = call_s * scale
+    return warmup * t + max(repeats * t, min_time)
 
 
 def summarize(times: Sequence[float]) -> dict[str, Any]:
@@ -189,6 +195,39 @@ def memory_analysis(compiled) -> dict[str, float] | None:
         "alias_mb": mb(stats.alias_size_in_bytes),
         "temp_mb": mb(stats.temp_size_in_bytes),
     }
+
+
+def program_bytes(compiled) -> int | None:
+    """Bytes a compiled program needs while it runs, from XLA's memory analysis: arguments + outputs +
+    temporaries - aliased (a donated argument whose buffer is reused for an output counts once)."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - some backends do not implement it
+        return None
+    if stats is None:
+        return None
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+               - stats.alias_size_in_bytes)
+
+
+def device_memory_limit(device=None) -> tuple[int | None, str]:
+    """``(bytes, source)``: the memory a program may use on ``device`` (default: the first device).
+
+    GPU/TPU: ``device.memory_stats()["bytes_limit"]`` when the backend reports it; CPU: the
+    machine's available RAM (``psutil.virtual_memory().available``); else ``(None, reason)``.
+    """
+    device = device or jax.devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - not every backend has memory stats
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"{device.platform} device.memory_stats()['bytes_limit']"
+    if device.platform == "cpu":
+        import psutil
+
+        return int(psutil.virtual_memory().available), "available RAM (psutil.virtual_memory().available)"
+    return None, f"no memory limit reported by the {device.platform} device"
 
 
 # --- memory -------------------------------------------------------------------------------------
@@ -324,14 +363,11 @@ def shards(tree: Any) -> int:
 
 def parse_int_list(text: str | Sequence[int]) -> list[int]:
     """``"1,2,4"`` (or ``1e3``-style integers) -> ``[1, 2, 4]``; ValueError unless all are positive integers."""
-    from popjax.schema import parse_number
+    from popjax.bench.options import parse_int_list as parse
 
     if not isinstance(text, str):
         return [int(x) for x in text]
-    numbers = [parse_number(x) for x in text.replace(" ", "").split(",") if x]
-    if not numbers or any(n is None or not float(n).is_integer() or n < 1 for n in numbers):
-        raise ValueError(f"expected a comma-separated list of positive integers, got {text!r}")
-    return [int(n) for n in numbers]
+    return parse(text)
 
 
 # --- machine description ---------------------------------------------------------------------------
@@ -391,6 +427,168 @@ def machine() -> dict[str, Any]:
         "jax_num_cpu_devices": jax.config.values.get("jax_num_cpu_devices"),
         "load_average": load_average(),
     }
+
+
+# --- load discipline and ceilings -------------------------------------------------------------------------
+BUSY_SHARE = 0.5  # a machine is busy when other work exceeds half its cores
+PEAK_N = 2048  # the dense-matmul peak: [n, n] @ [n, n] float32
+
+
+def busy_threshold() -> float:
+    """The 1-minute load average above which a study refuses to start: half the cores."""
+    return (os.cpu_count() or 1) * BUSY_SHARE
+
+
+class BusyMachine(ValueError):
+    """The machine is too busy for comparable timings (a one-line user error: exit status 2)."""
+
+
+def wait_for_quiet(allow_busy: bool = False, wait_s: float = 0.0, poll_s: float = 5.0) -> list[float] | None:
+    """The load average once it is at most ``busy_threshold()`` (waiting up to ``wait_s`` seconds for it).
+
+    Raises ``BusyMachine`` if it is still above then, unless ``allow_busy``. ``None`` where the
+    platform has no load average (nothing can be checked).
+    """
+    threshold = busy_threshold()
+    load = load_average()
+    if load is None:
+        return None
+    deadline = time.monotonic() + wait_s
+    if load[0] > threshold and wait_s > 0:
+        log(f"1-minute load average {load[0]:.2f} > {threshold:g}: waiting up to {wait_s:.0f}s for the machine "
+            "to be quiet")
+    while load[0] > threshold and time.monotonic() < deadline:
+        time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
+        load = load_average()
+    if load[0] > threshold and not allow_busy:
+        raise BusyMachine(
+            f"the machine is busy: 1-minute load average {load[0]:.2f} > {threshold:g} (half of its "
+            f"{os.cpu_count()} cores), so timings would not be comparable; wait until it is quiet (--wait-quiet "
+            "SECONDS waits for it), or pass --allow-busy to run anyway (the results are stamped busy and get no "
+            "verdict)")
+    return load
+
+
+def cpu_snapshot() -> dict[str, float] | None:
+    """Wall clock, the machine's busy CPU seconds and this process's (children included) CPU seconds."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        return None
+    machine_cpu = psutil.cpu_times()
+    busy = sum(getattr(machine_cpu, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+    me = psutil.Process()
+    own = sum(me.cpu_times()[:4])  # user, system, children_user, children_system (exited children)
+    for child in me.children(recursive=True):
+        try:
+            own += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return {"wall": time.monotonic(), "machine_busy_s": busy, "own_s": own}
+
+
+def others_cpu_share(since: dict[str, float] | None) -> float | None:
+    """Share of the machine's CPU capacity (all cores) used by **other** processes since ``since``
+    (``cpu_snapshot()``); steal time (another VM on the same host) counts as other work."""
+    now = cpu_snapshot()
+    if since is None or now is None:
+        return None
+    wall = now["wall"] - since["wall"]
+    if wall <= 0:
+        return None
+    others = (now["machine_busy_s"] - since["machine_busy_s"]) - (now["own_s"] - since["own_s"])
+    return max(0.0, others) / (wall * (os.cpu_count() or 1))
+
+
+def matmul_gflops(n: int | None = None, devices: int = 1, *, repeats: int = 10, min_time: float = 1.0,
+                  seed: int = 0) -> dict[str, Any]:
+    """Dense float32 ``[n, n] @ [n, n]`` throughput (GFLOP/s), one product per device (``n``: ``PEAK_N``)."""
+    import jax.numpy as jnp
+
+    n = n or PEAK_N
+    key_a, key_b = jax.random.split(jax.random.key(seed + n))
+    a = place(jax.random.normal(key_a, (devices, n, n), jnp.float32), devices)
+    b = place(jax.random.normal(key_b, (devices, n, n), jnp.float32), devices)
+    compiled, _ = compile_timed(lambda x, y: jnp.einsum("dij,djk->dik", x, y), a, b)
+    timing = time_calls(lambda: compiled(a, b), warmup=2, min_repeats=repeats, min_time=min_time)
+    flops = 2.0 * devices * n**3
+    return {"n": n, "devices": devices, "flops": flops, "xla_flops": cost_flops(compiled),
+            "gflops": flops / timing["median_s"] / 1e9, "timing": timing}
+
+
+def layer_gflops(pop: int, batch: int, width: int, devices: int = 1, *, repeats: int = 10, min_time: float = 1.0,
+                 seed: int = 0) -> dict[str, Any]:
+    """GFLOP/s of ``pop`` independent ``[batch, width] @ [width, width]`` products (one batched dot, the
+    member axis split over ``devices``): the dominant layer of a population update at its real shapes,
+    so the realistic ceiling of that workload."""
+    import jax.numpy as jnp
+
+    key_a, key_b = jax.random.split(jax.random.key(seed + pop))
+    a = place(jax.random.normal(key_a, (pop, batch, width), jnp.float32), devices)
+    b = place(jax.random.normal(key_b, (pop, width, width), jnp.float32), devices)
+    compiled, _ = compile_timed(lambda x, y: jnp.einsum("nbi,nio->nbo", x, y), a, b)
+    timing = time_calls(lambda: compiled(a, b), warmup=2, min_repeats=repeats, min_time=min_time)
+    return {"pop": pop, "batch": batch, "width": width, "devices": devices,
+            "gflops": 2.0 * pop * batch * width * width / timing["median_s"] / 1e9, "timing": timing}
+
+
+class Sitting:
+    """The conditions of one study's run, recorded beside its figures.
+
+    Opening it refuses to start on a busy machine (``wait_for_quiet``: the 1-minute load average
+    above half the cores) unless ``allow_busy``, starts counting the CPU time other processes use,
+    and measures the dense-matmul peak (``PEAK_N``², float32, one device). ``layer(...)`` measures
+    the N×[B,h]@[h,h] ceiling of the workload's dominant layer just before the points it bounds.
+    ``record()`` measures the peak again and returns the payload fields: ``busy`` (true when the
+    study started above the threshold, allowed by ``--allow-busy``, or when other processes used
+    more than half the CPU while it ran), ``busy_reasons``, ``load_before`` / ``load_after``,
+    ``load`` (threshold, others' CPU share) and ``ceilings``.
+    """
+
+    def __init__(self, *, allow_busy: bool = False, wait_quiet: float = 0.0, repeats: int = 10,
+                 min_time: float = 1.0, seed: int = 0):
+        self.allow_busy = allow_busy
+        self.threshold = busy_threshold()
+        self.load_before = wait_for_quiet(allow_busy, wait_quiet)
+        self._cpu = cpu_snapshot()
+        self.repeats, self.min_time, self.seed = repeats, min_time, seed
+        peak = matmul_gflops(repeats=repeats, min_time=min_time, seed=seed)
+        log(f"  sitting: load {self.load_before}, dense matmul {peak['n']}² f32 {peak['gflops']:.1f} GFLOP/s")
+        self.ceilings: dict[str, Any] = {"dense_matmul": {"n": peak["n"], "before": peak}, "layers": []}
+        self._layers: dict[tuple[int, int, int, int], dict[str, Any]] = {}
+
+    def layer(self, pop: int, batch: int, width: int, devices: int = 1) -> float:
+        """The N×[B,h]@[h,h] ceiling (GFLOP/s) for these shapes, measured now (once per shape and device count)."""
+        key = (pop, batch, width, devices)
+        if key not in self._layers:
+            row = layer_gflops(pop, batch, width, devices, repeats=self.repeats, min_time=self.min_time,
+                               seed=self.seed)
+            self._layers[key] = row
+            self.ceilings["layers"].append(row)
+            log(f"  ceiling {pop}×[{batch},{width}]@[{width},{width}] d={devices}: {row['gflops']:.1f} GFLOP/s")
+        return self._layers[key]["gflops"]
+
+    def record(self, final: bool = True) -> dict[str, Any]:
+        """The payload fields; ``final``: the study is over, the peak is measured again (else the fields of
+        a partial result, written while the study runs, marked ``partial``)."""
+        others = others_cpu_share(self._cpu)
+        peak = self.ceilings["dense_matmul"]
+        if final:
+            peak["after"] = matmul_gflops(repeats=self.repeats, min_time=self.min_time, seed=self.seed)
+        peak["gflops"] = max(peak["before"]["gflops"], peak.get("after", peak["before"])["gflops"])
+        reasons = []
+        if self.load_before is not None and self.load_before[0] > self.threshold:
+            reasons.append(f"1-minute load average {self.load_before[0]:.2f} > {self.threshold:g} at the start "
+                           "(run with --allow-busy)")
+        if others is not None and others > BUSY_SHARE:
+            reasons.append(f"other processes used {100 * others:.0f}% of the CPU while the study ran")
+        if reasons and final:
+            log("  BUSY: " + "; ".join(reasons))
+        return {**({} if final else {"partial": True}), "busy": bool(reasons), "busy_reasons": reasons,
+                "load_before": self.load_before,
+                "load_after": load_average(),
+                "load": {"threshold_1min": self.threshold, "others_cpu_share": others, "allow_busy": self.allow_busy},
+                "ceilings": self.ceilings}
 
 
 # --- results -----------------------------------------------------------------------------------------

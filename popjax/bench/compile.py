@@ -8,22 +8,42 @@ sum ``compile_s`` (what a user waits for before the first step), median over
 ``--compile-repeats`` fresh compilations (a new function object every time, so no
 in-process cache is hit; the persistent compilation cache is reported in ``params``).
 The paper's number is the first call (compile + one execution); ours excludes the
-execution, which the ``update`` study reports.
+execution, which the ``update`` study reports. XLA compiles on the host CPU, so the study runs
+in a ``common.Sitting`` (load check, the dense-matmul peak before and after: how fast the
+machine was while compiling); the workload has no layer ceiling (nothing is executed).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import statistics
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 
 from popjax.bench import common, update
+from popjax.bench import options as opt
 from popjax.bench.common import log
 
 STUDY = "compile"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options(opt.StudyOptions):
+    """``popjax bench compile`` (and ``compile.run(...)``)."""
+
+    STUDY: ClassVar[str] = STUDY
+    learners: tuple[str, ...] = opt.names(("td3", "sac"), "comma-separated learners", flag="--learner",
+                                          allowed=update.PROBLEMS, what=" learner")
+    pops: tuple[int, ...] = opt.ints(update.DEFAULT_POPS, "population sizes, comma-separated", flag="--pop")
+    k: int | None = opt.integer(None, "update steps per compiled call (default: 50 TD3/SAC, 10 DQN)")
+    hidden: tuple[int, ...] | None = opt.ints(None, "override hidden sizes, e.g. 64,64 (DQN: its MLP head)")
+    batch_size: int | None = opt.integer(None, "override the batch size")
+    compile_repeats: int = opt.integer(1, "fresh compilations per point (median)")
+    repeats: int = opt.repeats()
+    min_time: float = opt.min_time()
+    max_seconds: float = opt.max_seconds()
 
 
 def compile_once(p: update.Problem, pop: int, devices: int, k: int, seed: int = 0) -> dict[str, Any]:
@@ -39,31 +59,34 @@ def compile_once(p: update.Problem, pop: int, devices: int, k: int, seed: int = 
     return {**times, "xla_memory": common.memory_analysis(compiled)}
 
 
-def run(
-    learners=("td3", "sac"),
-    pops=update.DEFAULT_POPS,
-    devices=(1,),
-    out_dir=common.DEFAULT_OUT,
-    hidden=None,
-    batch_size=None,
-    k=None,
-    compile_repeats=1,
-    max_seconds=120.0,
-    seed=0,
-    plot=True,
-) -> dict[str, Any]:
+def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
+    """Runs the study and writes ``<out_dir>/compile.json`` (and ``.png``); returns the payload.
+
+    ``--repeats`` / ``--min-time`` time the ceilings; a point whose compilations took more than
+    ``--max-seconds`` ends the N sweep of its learner (compile time hardly grows with N): the larger
+    N are recorded as skipped.
+    """
+    o = Options.build(options, overrides)
+    learners, pops, devices, max_seconds = o.learners, o.pops, o.devices, o.max_seconds
     started = common.utc_now()
+    problems = [update.problem(name, o.hidden, o.batch_size, o.k) for name in learners]
     common.request_devices(devices)
-    load_before = common.load_average()
+    sitting = common.Sitting(allow_busy=o.allow_busy, wait_quiet=o.wait_quiet, repeats=o.repeats,
+                             min_time=o.min_time, seed=o.seed)
     results = []
-    for name in learners:
-        p = update.problem(name, hidden, batch_size, k)
+    for p in problems:
+        name = p.learner
         for d in devices:
+            over = None  # the reason the rest of the sweep is skipped
             for pop in pops:
                 if pop % d:
                     continue
+                if over:
+                    results.append({"learner": name, "pop": pop, "devices": d, "k": p.k, "skipped": over})
+                    log(f"  {name} K={p.k} N={pop:3d} d={d}: skipped ({over})")
+                    continue
                 start = time.perf_counter()
-                runs = [compile_once(p, pop, d, p.k, seed) for _ in range(compile_repeats)]
+                runs = [compile_once(p, pop, d, p.k, o.seed) for _ in range(o.compile_repeats)]
                 row = {
                     "learner": name,
                     "pop": pop,
@@ -81,31 +104,33 @@ def run(
                     f"  {name} K={p.k} N={pop:3d} d={d}: compile {row['compile_s']:.2f}s "
                     f"(trace+lower {row['trace_lower_s']:.2f}s, XLA {row['xla_compile_s']:.2f}s)"
                 )
-                if time.perf_counter() - start > max_seconds:
-                    log(
-                        f"  {name}: N sweep stopped (last point took > --max-seconds {max_seconds})"
-                    )
-                    break
+                spent = time.perf_counter() - start
+                if spent > max_seconds:
+                    over = (f"N={pop} took {spent:.0f}s > --max-seconds {max_seconds:.0f} (compile time hardly "
+                            "grows with N)")
     params = {
         "learners": list(learners),
         "pops": list(pops),
         "devices": list(devices),
-        "k": {name: update.problem(name, hidden, batch_size, k).k for name in learners},
-        "compile_repeats": compile_repeats,
-        "seed": seed,
+        "k": {p.learner: p.k for p in problems},
+        "compile_repeats": o.compile_repeats,
+        "seed": o.seed,
         "persistent_cache_dir": jax.config.values.get("jax_compilation_cache_dir"),
         "measured": "AOT jax.jit(fn).lower(args).compile(); excludes the first execution",
     }
-    payload = common.study_payload(
-        STUDY, params, results, started, load_before=load_before, load_after=common.load_average()
-    )
-    return common.write_study(out_dir, STUDY, payload, plot_compile, plot)
+    payload = common.study_payload(STUDY, params, results, started, **sitting.record())
+    return common.write_study(o.out_dir, STUDY, payload, plot_compile, o.plot)
+
+
+def main(options: Options) -> dict[str, Any]:
+    """``popjax bench compile``."""
+    return run(options)
 
 
 def plot_compile(payload: dict[str, Any], path) -> Any:
     plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    rows = payload["results"]
+    rows = [r for r in payload["results"] if "skipped" not in r]
     for name in dict.fromkeys(r["learner"] for r in rows):
         for d in dict.fromkeys(r["devices"] for r in rows):
             series = sorted(
@@ -128,19 +153,3 @@ def plot_compile(payload: dict[str, Any], path) -> Any:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     return common.save_figure(fig, path, payload["machine"])
-
-
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    return run(
-        learners=[x for x in args.learner.split(",") if x],
-        pops=common.parse_int_list(args.pop),
-        devices=common.parse_int_list(args.devices),
-        out_dir=args.out,
-        hidden=common.parse_int_list(args.hidden) if args.hidden else None,
-        batch_size=args.batch_size,
-        k=args.k,
-        compile_repeats=args.compile_repeats,
-        max_seconds=args.max_seconds,
-        seed=args.seed,
-        plot=not args.no_plot,
-    )

@@ -6,21 +6,58 @@ loop's compiled programs wrapped by a timer that blocks on their outputs. Report
 the median and IQR of the iterations' call times (the first quarter, which holds the warm-up
 iterations that only collect, is left out), the compile time, and the ratio to the same driver on one device.
 On a CPU the devices are forced host devices sharing the same cores: the ratio shows the
-cost of splitting (collectives, smaller per-device batches), not a speed-up.
+cost of splitting (collectives, smaller per-device batches), not a speed-up. At least 10
+iterations are timed per run. The study runs in a ``common.Sitting`` (load check, the
+dense-matmul peak before and after, and the N×[B,h]@[h,h] ceiling of the TD3 update's dominant
+layer for each device count).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from popjax.bench import common
+from popjax.bench import options as opt
 from popjax.bench.common import log
 from popjax.bench.train import CallTimer, timing_hook
 
 STUDY = "drivers"
+MIN_ITERATIONS = 10
+
+
+def _drivers():
+    from popjax.drivers import DRIVERS
+
+    return DRIVERS
+
+
+@dataclasses.dataclass(frozen=True)
+class Options(opt.StudyOptions):
+    """``popjax bench drivers`` (and ``drivers.run(...)``)."""
+
+    STUDY: ClassVar[str] = STUDY
+    drivers: tuple[str, ...] = opt.names(("independent", "pbt", "cemrl", "dvd"), "comma-separated drivers",
+                                         flag="--driver", allowed=_drivers, what=" driver")
+    parallel: tuple[str, ...] = opt.names(("sharding", "pmap"), "parallel paths for device counts > 1",
+                                          allowed=("sharding", "pmap"))
+    pop: int = opt.integer(4, "population size")
+    env: str = opt.text("probe:pendulum", "a JAX env (the iteration is one compiled call)",
+                        check=opt.env_check(jax_only=True))
+    env_steps: int = opt.integer(2000, "env steps per member")
+    warmup: int = opt.integer(200, "random warm-up env steps per member", ge=0)
+    rollout_len: int = opt.integer(50, "env steps per env per iteration (K)")
+    batch_size: int = opt.integer(64, "batch size")
+    hidden: tuple[int, ...] = opt.ints((64, 64), "hidden sizes")
+
+    def check(self) -> None:
+        calls = -(-self.env_steps // self.rollout_len)
+        if calls - calls // 4 < MIN_ITERATIONS:
+            raise ValueError(f"--env-steps: {self.env_steps} env steps with --rollout-len {self.rollout_len} give "
+                             f"{calls - calls // 4} timed iterations (the first quarter is left out); at least "
+                             f"{MIN_ITERATIONS} are needed")
 # Per-driver options that make every mechanism act within a short run.
 DRIVER_OPTIONS = {
     "pbt": {"pbt": {"quantile": 0.25}},
@@ -52,37 +89,42 @@ def run_one(driver: str, devices: int, parallel: str, pop: int, env: str, env_st
             "updates": run.summary["updates"], "state_shards": common.shards(run.state), "config": options}
 
 
-def run(drivers=("independent", "pbt", "cemrl", "dvd"), devices=(1, 2), parallel=("sharding", "pmap"), pop=4,
-        env="probe:pendulum", env_steps=2000, warmup=200, rollout_len=50, batch_size=64, hidden=(64, 64),
-        out_dir=common.DEFAULT_OUT, seed=0, plot=True) -> dict[str, Any]:
-    from popjax.drivers import DRIVERS
-
-    unknown = sorted(set(drivers) - set(DRIVERS))
-    if unknown:
-        raise ValueError(f"--driver: unknown {', '.join(unknown)}; allowed: {', '.join(DRIVERS)}")
+def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
+    """Runs the study and writes ``<out_dir>/drivers.json`` (and ``.png``); returns the payload."""
+    o = Options.build(options, overrides)
+    drivers, devices, parallel, pop, env = o.drivers, o.devices, o.parallel, o.pop, o.env
+    env_steps, warmup, rollout_len, batch_size, hidden, seed = (o.env_steps, o.warmup, o.rollout_len, o.batch_size,
+                                                                o.hidden, o.seed)
+    known = _drivers()
     common.request_devices(devices)
-    started, load_before = common.utc_now(), common.load_average()
+    started = common.utc_now()
+    sitting = common.Sitting(allow_busy=o.allow_busy, wait_quiet=o.wait_quiet, seed=seed)
+    layers = {d: sitting.layer(pop, batch_size, max(hidden), d) for d in devices if pop % d == 0}
     results = []
     with tempfile.TemporaryDirectory(prefix="popjax-bench-drivers-") as tmp:
         for driver in drivers:
             for d in devices:
-                paths = ["sharding"] if d == 1 else [p for p in parallel if p == "sharding" or DRIVERS[driver].pmap]
+                paths = ["sharding"] if d == 1 else [p for p in parallel if p == "sharding" or known[driver].pmap]
                 for path in paths:
                     row = run_one(driver, d, path, pop, env, env_steps, warmup, rollout_len, batch_size, hidden,
-                                  seed, Path(tmp))
+                                  seed, Path(tmp)) | {"layer_gflops": layers.get(d)}
                     results.append(row)
                     log(f"  {driver:12s} devices {d} {path:8s}: {1e3 * row['iteration_s']:8.2f} ms/iteration "
                         f"(IQR {1e3 * row['iteration_iqr_s']:.2f}, {row['iterations_timed']} calls; "
                         f"compile {row['compile_s']:.1f} s)")
     for row in results:
-        base = next(r for r in results if r["driver"] == row["driver"] and r["devices"] == 1)
-        row["vs_one_device"] = row["iteration_s"] / base["iteration_s"]
+        base = next((r for r in results if r["driver"] == row["driver"] and r["devices"] == 1), None)
+        row["vs_one_device"] = None if base is None else row["iteration_s"] / base["iteration_s"]
     params = {"drivers": list(drivers), "devices": list(devices), "parallel": list(parallel), "pop": pop, "env": env,
               "env_steps_per_member": env_steps, "warmup_steps": warmup, "rollout_len": rollout_len,
               "updates_per_iteration": rollout_len, "batch_size": batch_size, "hidden": list(hidden), "seed": seed}
-    payload = common.study_payload(STUDY, params, results, started, load_before=load_before,
-                                   load_after=common.load_average())
-    return common.write_study(out_dir, STUDY, payload, plot_drivers, plot)
+    payload = common.study_payload(STUDY, params, results, started, **sitting.record())
+    return common.write_study(o.out_dir, STUDY, payload, plot_drivers, o.plot)
+
+
+def main(options: Options) -> dict[str, Any]:
+    """``popjax bench drivers``."""
+    return run(options)
 
 
 def plot_drivers(payload: dict[str, Any], path) -> Any:
@@ -104,12 +146,3 @@ def plot_drivers(payload: dict[str, Any], path) -> Any:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return common.save_figure(fig, path, payload["machine"])
-
-
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    return run(drivers=[x for x in args.driver.split(",") if x], devices=common.parse_int_list(args.devices),
-               parallel=[x for x in args.parallel.split(",") if x], pop=common.parse_int_list(args.pop)[0],
-               env=args.env, env_steps=args.env_steps, warmup=args.warmup, rollout_len=args.rollout_len,
-               batch_size=args.batch_size or 64,
-               hidden=common.parse_int_list(args.hidden) if args.hidden else (64, 64), out_dir=args.out,
-               seed=args.seed, plot=not args.no_plot)

@@ -20,24 +20,49 @@ independent driver, no warm-up so the learner's exploration policy acts); with `
 its state is split over ``d`` devices (``state_shards`` records into how many pieces).
 
 Reported: ms per call, per env interaction (one env stepped once) and per member step
-(all of a member's envs stepped once); ``compile_s`` (the acting / collect program) and
-``first_call_s`` (first call, compilation included) apart from the timed calls.
+(all of a member's envs stepped once), median and IQR of at least ``--repeats`` (>= 10) timed
+calls; ``compile_s`` (the acting / collect program) and ``first_call_s`` (first call,
+compilation included) apart from the timed calls. The study runs in a ``common.Sitting``
+(load check, the dense-matmul peak before and after); env stepping has no layer ceiling.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
 
 from popjax.bench import common
+from popjax.bench import options as opt
 from popjax.bench.common import log
 from popjax.learners import LEARNERS
 
 STUDY = "envstep"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options(opt.StudyOptions):
+    """``popjax bench envstep`` (and ``envstep.run(...)``)."""
+
+    STUDY: ClassVar[str] = STUDY
+    learners: tuple[str, ...] = opt.names(("td3", "sac"), "comma-separated learners (their exploration policy "
+                                          "acts; the vector rows use the first)", flag="--learner",
+                                          allowed=("td3", "sac"), what=" learner")
+    gym_envs: tuple[str, ...] = opt.names(("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5",
+                                           "Swimmer-v5"), "gymnasium ids ('' for none)", flag="--gym", empty=True,
+                                          check=opt.env_check(prefix="gym"))
+    brax_envs: tuple[str, ...] = opt.names(("halfcheetah", "hopper", "walker2d", "ant", "humanoid"),
+                                           "brax names, or probe:<name> ('' for none)", flag="--brax", empty=True,
+                                           check=opt.env_check(jax_only=True, prefix="brax"))
+    pops: tuple[int, ...] = opt.ints((1, 4, 16), "population sizes, comma-separated", flag="--pop")
+    envs_per_member: int = opt.integer(1, "envs per member of the vector rows")
+    steps: int = opt.integer(200, "env steps per timed call (brax: per scan)")
+    hidden: tuple[int, ...] | None = opt.ints(None, "policy hidden sizes (default 256,256)")
+    repeats: int = opt.repeats()
+    min_time: float = opt.min_time()
 
 
 def _learner(name: str, spec, hidden):
@@ -76,7 +101,7 @@ def _time_collect(loop, pop: int, envs_per_member: int, steps: int, opts) -> dic
     start = time.perf_counter()
     common.block(call())
     first_s = time.perf_counter() - start
-    timing = common.time_calls(call, warmup=1, min_repeats=max(2, opts.repeats // 2), min_time=opts.min_time)
+    timing = common.time_calls(call, warmup=1, min_repeats=opts.repeats, min_time=opts.min_time)
     n = pop * envs_per_member
     return {
         "compile_s": loop.compiler.compile_s - compile_before,
@@ -85,6 +110,7 @@ def _time_collect(loop, pop: int, envs_per_member: int, steps: int, opts) -> dic
         "timing": timing,
         "ms_per_vector_step": 1e3 * timing["median_s"] / steps,
         "ms_per_interaction": 1e3 * timing["median_s"] / steps / n,
+        "ms_per_interaction_iqr": 1e3 * timing["iqr_s"] / steps / n,
         "ms_per_member_step": 1e3 * timing["median_s"] / steps / pop,
         "state_shards": common.shards(state),
     }
@@ -131,6 +157,7 @@ def gym_single(env_id: str, learner_name: str, hidden, steps: int, opts) -> dict
         "steps_per_call": steps,
         "timing": with_policy,
         "ms_per_interaction": 1e3 * with_policy["median_s"] / steps,
+        "ms_per_interaction_iqr": 1e3 * with_policy["iqr_s"] / steps,
         "env_only_ms_per_interaction": 1e3 * env_only["median_s"] / steps,
         "env_only_timing": env_only,
     }
@@ -156,32 +183,21 @@ def brax_vector(
     return _time_collect(loop, pop, envs_per_member, steps, opts)
 
 
-def run(
-    learners=("td3", "sac"),
-    gym_envs=("HalfCheetah-v5",),
-    brax_envs=("halfcheetah",),
-    pops=(1, 4, 16),
-    devices=(1,),
-    envs_per_member=1,
-    steps=200,
-    hidden=None,
-    repeats=5,
-    min_time=1.0,
-    out_dir=common.DEFAULT_OUT,
-    seed=0,
-    plot=True,
-) -> dict[str, Any]:
+def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     """Runs the study and writes ``<out_dir>/envstep.json`` (and ``.png``); returns the payload.
 
     ``devices``: device counts the population of the ``vector`` rows is split over (one row per
     count; a population that does not divide is recorded as skipped). ``single`` rows run once,
     on one device.
     """
-    devices = list(devices)
+    o = Options.build(options, overrides)
+    learners, gym_envs, brax_envs, pops = o.learners, o.gym_envs, o.brax_envs, o.pops
+    envs_per_member, steps, hidden, opts = o.envs_per_member, o.steps, o.hidden, o
+    devices = list(o.devices)
     common.request_devices(devices)
-    opts = argparse.Namespace(repeats=repeats, min_time=min_time, seed=seed)
     started = common.utc_now()
-    load_before = common.load_average()
+    sitting = common.Sitting(allow_busy=o.allow_busy, wait_quiet=o.wait_quiet, repeats=o.repeats,
+                             min_time=o.min_time, seed=o.seed)
     results, notes = [], []
 
     def attempt(row: dict[str, Any], fn, *args, **kwargs):
@@ -225,9 +241,9 @@ def run(
         "envs_per_member": envs_per_member,
         "steps_per_call": steps,
         "hidden": list(hidden or (256, 256)),
-        "repeats": repeats,
-        "min_time_s": min_time,
-        "seed": seed,
+        "repeats": o.repeats,
+        "min_time_s": o.min_time,
+        "seed": o.seed,
         "timed": "popjax.loop.Loop.collect: one iteration's env interaction (no replay-buffer add)",
     }
     try:
@@ -236,10 +252,13 @@ def run(
         params["brax_backend"] = DEFAULT_BACKEND
     except ImportError as err:
         notes.append(f"brax path unavailable: {err}")
-    payload = common.study_payload(
-        STUDY, params, results, started, notes, load_before=load_before, load_after=common.load_average()
-    )
-    return common.write_study(out_dir, STUDY, payload, plot_envstep, plot)
+    payload = common.study_payload(STUDY, params, results, started, notes, **sitting.record())
+    return common.write_study(o.out_dir, STUDY, payload, plot_envstep, o.plot)
+
+
+def main(options: Options) -> dict[str, Any]:
+    """``popjax bench envstep``."""
+    return run(options)
 
 
 def plot_envstep(payload: dict[str, Any], path) -> Any:
@@ -278,22 +297,3 @@ def plot_envstep(payload: dict[str, Any], path) -> Any:
     axes[1].grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=7)
     return common.save_figure(fig, path, payload["machine"])
-
-
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    split = lambda text: [x for x in text.split(",") if x]
-    return run(
-        learners=split(args.learner),
-        gym_envs=split(args.gym),
-        brax_envs=split(args.brax),
-        pops=common.parse_int_list(args.pop),
-        devices=common.parse_int_list(args.devices),
-        envs_per_member=args.envs_per_member,
-        steps=args.steps,
-        hidden=common.parse_int_list(args.hidden) if args.hidden else None,
-        repeats=args.repeats,
-        min_time=args.min_time,
-        out_dir=args.out,
-        seed=args.seed,
-        plot=not args.no_plot,
-    )

@@ -1,17 +1,41 @@
 """``popjax bench report``: ``benchmarks/results/*.json`` -> ``benchmarks/RESULTS.md``.
 
-The Markdown holds the headline ratios of every study present, the targets of the
-benchmark issue with measured values and a met/missed verdict, the machine and its load
-average while each study ran, and (verbatim, when the file exists) the hand-written
-analysis in ``benchmarks/ANALYSIS.md`` that explains what limits each number.
+The Markdown holds the headline figures of every study present, each beside the conditions it
+was measured in (the load average, whether the machine was busy, the machine's ceilings measured
+in the same run); the targets of ``benchmarks/targets.yaml`` with measured values and a verdict
+(a busy result is shown but never judged); the machine; and (verbatim, when the file exists) the
+hand-written analysis in ``benchmarks/ANALYSIS.md`` that explains what limits each number.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from popjax.bench import options as opt
+
+STUDY = "report"
+DEFAULT_TARGETS = Path("benchmarks/targets.yaml")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options(opt.BaseOptions):
+    """``popjax bench report``."""
+
+    STUDY: ClassVar[str] = STUDY
+    results: str = opt.text("benchmarks/results", "directory of <study>.json files")
+    output: str = opt.text("benchmarks/RESULTS.md", "Markdown file to write")
+    targets: str = opt.text(str(DEFAULT_TARGETS), "YAML file of the targets to judge")
+
+
+def main(options: Options) -> Path:
+    """``popjax bench report``: writes the report; returns its path."""
+    return write_report(options.results, options.output, targets_path=options.targets)
+
 
 STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers")
 
@@ -31,16 +55,6 @@ def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
                 continue
             payload["_file"] = path.stem
             out.setdefault(study, []).append(payload)
-    return out
-
-
-def merged(data: dict[str, list[dict[str, Any]]], study: str) -> dict[str, Any] | None:
-    """All runs of ``study`` with their results concatenated (for the targets table)."""
-    runs = data.get(study)
-    if not runs:
-        return None
-    out = dict(runs[0])
-    out["results"] = [r for run in runs for r in run["results"]]
     return out
 
 
@@ -68,70 +82,209 @@ def _image(study: str) -> str:
     return f"![{study}]({'' if prefix in ('', '.') else prefix + '/'}{study}.png)"
 
 
-def _ok(flag: bool | None) -> str:
-    return "—" if flag is None else ("**met**" if flag else "**missed**")
+# --- conditions: load, busy, ceilings -----------------------------------------------------------------
+def busy(payload: dict[str, Any]) -> bool:
+    """Whether a result was measured on a busy machine (its ``busy`` stamp; for results written before the
+    load discipline: the 1-minute load average at the start above half the cores, or not recorded)."""
+    if payload.get("busy") is not None:
+        return bool(payload["busy"])
+    load = payload.get("load_before")
+    cores = (payload.get("machine") or {}).get("cpu_count") or 1
+    return not load or load[0] > cores / 2
 
 
-# --- targets -----------------------------------------------------------------------------------------
-def _under_load(payload: dict[str, Any] | None) -> str:
-    """' (load 12.1)' when the study ran on a machine busier than its core count, else ''."""
-    if not payload:
-        return ""
-    loads = [x[0] for x in (payload.get("load_before"), payload.get("load_after"),
-                            payload["machine"].get("load_average")) if x]
-    cores = payload["machine"].get("cpu_count") or 1
-    return f" — measured at load {max(loads):.1f} on {cores} cores" if loads and max(loads) > cores else ""
+def busy_reasons(payload: dict[str, Any]) -> str:
+    if payload.get("busy") is not None:
+        return "; ".join(payload.get("busy_reasons") or [])
+    load = payload.get("load_before")
+    return (f"written before the load discipline: 1-minute load average {load[0]:.2f} at the start" if load
+            else "written before the load discipline, load not recorded")
 
 
-def targets(data: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
+def peak_gflops(payload: dict[str, Any]) -> float | None:
+    """The dense-matmul peak measured in the same run (the better of before and after), if recorded."""
+    peak = ((payload.get("ceilings") or {}).get("dense_matmul") or {})
+    return peak.get("gflops") or (peak.get("before") or {}).get("gflops")
+
+
+def conditions(payload: dict[str, Any]) -> str:
+    """Short: the load at the start and the end, the dense-matmul peak, busy."""
+    before, after = payload.get("load_before"), payload.get("load_after")
+    parts = [f"load {before[0]:.2f}" if before else "load not recorded"]
+    if after:
+        parts[0] += f"→{after[0]:.2f}"
+    peak = peak_gflops(payload)
+    parts.append(f"peak {peak:.0f} GFLOP/s" if peak else "no ceilings recorded")
+    if busy(payload):
+        parts.append("**busy**")
+    return ", ".join(parts)
+
+
+def _sitting_line(payload: dict[str, Any]) -> str:
+    """Long: every condition of the run, printed under each section's heading."""
+    load = payload.get("load") or {}
+    share = load.get("others_cpu_share")
+    peak = ((payload.get("ceilings") or {}).get("dense_matmul") or {})
+    head = (f"**Busy — shown, not judged** ({busy_reasons(payload)})" if busy(payload)
+            else "Quiet machine")
+    parts = [head]
+    if load.get("threshold_1min") is not None:
+        parts.append(f"refuses to start above a 1-minute load of {load['threshold_1min']:g}")
+    if share is not None:
+        parts.append(f"other processes used {100 * share:.0f}% of the CPU while it ran")
+    if peak.get("before"):
+        after = peak.get("after")
+        parts.append(f"dense matmul {peak['n']}² f32 in the same run: {peak['before']['gflops']:.0f} GFLOP/s before"
+                     + (f", {after['gflops']:.0f} after" if after else ""))
+    else:
+        parts.append("no ceilings recorded (a result from before the load discipline)")
+    if payload.get("partial"):
+        parts.append("**partial** (the run was interrupted)")
+    return "; ".join(parts) + "."
+
+
+# --- targets (benchmarks/targets.yaml) -------------------------------------------------------------------
+def load_targets(path: str | Path | None) -> list[dict[str, Any]]:
+    """The targets of ``path`` (YAML: ``targets: [{kind, text, study, ...}, ...]``); [] if there is none."""
+    import yaml
+
+    if path is None or not Path(path).exists():
+        return []
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    targets = data.get("targets") if isinstance(data, dict) else None
+    if not isinstance(targets, list) or not all(isinstance(t, dict) and "kind" in t for t in targets):
+        raise ValueError(f"--targets: {path} must hold `targets:`, a list of mappings with a `kind`")
+    unknown = sorted({t["kind"] for t in targets} - set(TARGET_KINDS))
+    if unknown:
+        raise ValueError(f"--targets: {path}: unknown kind(s) {', '.join(unknown)} "
+                         f"(allowed: {', '.join(TARGET_KINDS)})")
+    return targets
+
+
+@dataclasses.dataclass
+class Judged:
+    measured: str
+    verdict: bool | None  # None: not measured
+    runs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the payloads the figures come from
+
+
+def _payloads(data, t: dict[str, Any], default_study: str) -> list[dict[str, Any]]:
+    """The runs a target reads: every ``<study>*.json``, or only ``<file>.json`` when the target names one."""
+    runs = data.get(t.get("study", default_study), [])
+    return [p for p in runs if p.get("_file") == t["file"]] if t.get("file") else runs
+
+
+def _rows(data, t: dict[str, Any], default_study: str, pick: Callable[[dict[str, Any], dict[str, Any]], bool]):
+    """``(row, payload)`` of every measured row of the target's runs for which ``pick(row, payload)``."""
+    return [(r, p) for p in _payloads(data, t, default_study) for r in p["results"]
+            if "skipped" not in r and pick(r, p)]
+
+
+def _runs(pairs) -> list[dict[str, Any]]:
+    return list({id(p): p for _, p in pairs}.values())
+
+
+def _speedup_vs_torch(t, data) -> Judged:
+    pairs = _rows(data, t, "update", lambda r, p: r["learner"] == t["learner"] and r["devices"] == 1
+                  and r["impl"] in ("vmap", "vmap_scan") and r["pop"] in t["pops"]
+                  and r.get("speedup_vs_torch_seq") is not None)
+    best: dict[int, float] = {}
+    for r, _ in pairs:
+        best[r["pop"]] = max(best.get(r["pop"], 0.0), r["speedup_vs_torch_seq"])
+    threads = sorted({x for _, p in pairs for x in (p["params"].get("torch_threads") or []) if x})
+    text = ", ".join(f"N={n}: " + (f"{best[n]:.2f}×" if n in best else "—") for n in t["pops"])
+    if not best:
+        return Judged("not measured (no vectorized and PyTorch rows at these N)", None)
+    text += f" (best popjax variant vs the fastest PyTorch run, threads {','.join(map(str, threads)) or '?'})"
+    missing = [n for n in t["pops"] if n not in best]
+    verdict = None if missing else min(best.values()) >= t["min_speedup"]
+    return Judged(text + (f"; N = {missing} not measured" if missing else ""), verdict, _runs(pairs))
+
+
+def _layer_ceiling(t, data) -> Judged:
+    pairs = _rows(data, t, "update", lambda r, p: r.get("learner") in t["learners"]
+                  and r.get("devices", 1) == 1 and r["pop"] >= t["min_pop"] and r.get("fraction_of_layer"))
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for r, _ in pairs:
+        key = (r["learner"], r["pop"])
+        if key not in best or r["fraction_of_layer"] > best[key]["fraction_of_layer"]:
+            best[key] = r
+    if not best:
+        return Judged("not measured (no N×[B,h]@[h,h] ceiling recorded at these N)", None)
+    text = "; ".join(f"{learner.upper()} N={pop}: {100 * r['fraction_of_layer']:.0f}% ({r['gflops']:.0f} of "
+                     f"{r['layer_gflops']:.0f} GFLOP/s)" for (learner, pop), r in sorted(best.items()))
+    missing = [name for name in t["learners"] if not any(key[0] == name for key in best)]
+    verdict = None if missing else min(r["fraction_of_layer"] for r in best.values()) >= t["min_fraction"]
+    return Judged(text + (f"; {', '.join(missing)} not measured" if missing else ""), verdict, _runs(pairs))
+
+
+def _train_overlap(t, data) -> Judged:
+    pairs = _rows(data, t, "train", lambda r, p: r["env"] == t["env"] and r["pop"] == t["pop"]
+                  and r.get("devices", 1) == 1
+                  and list(((r.get("config") or {}).get("learner_config") or {}).get("hidden")
+                           or p["params"].get("hidden") or ()) == list(t["hidden"]))
+    by = {bool(r["overlap"]): r for r, _ in pairs if r.get("overlap") is not None}
+    if set(by) != {False, True}:
+        return Judged("not measured (the train results have no overlap on/off comparison)", None)
+    rate = lambda r: r.get("env_steps_per_s_steady") or r["env_steps_per_s"]
+    ratio = rate(by[True]) / rate(by[False])
+    share = by[True].get("overlap_share")
+    text = (f"{rate(by[True]):.0f} vs {rate(by[False]):.0f} env steps/s: {ratio:.2f}×"
+            + (f"; env stepping and update overlap {100 * share:.0f}% of the time" if share is not None else ""))
+    return Judged(text, ratio >= t["min_ratio"], _runs(pairs))
+
+
+def _compile_time(t, data) -> Judged:
+    pairs = _rows(data, t, "compile", lambda r, p: r["learner"] == t["learner"] and r["pop"] == t["pop"]
+                  and r.get("devices", 1) == 1 and r["k"] == t["k"])
+    if not pairs:
+        return Judged(f"N = {t['pop']}, K = {t['k']} not measured", None)
+    seconds = min(r["compile_s"] for r, _ in pairs)
+    return Judged(f"{seconds:.1f} s", seconds < t["max_seconds"], _runs(pairs))
+
+
+def _memory_fit(t, data) -> Judged:
+    found, runs = {}, []
+    for p in _payloads(data, t, "update"):
+        for learner, fit in (p.get("memory_fit") or {}).items():
+            if learner in t["learners"] and fit.get("largest_pop") is not None:
+                found[learner] = fit
+                runs.append(p)
+    if not found:
+        return Judged("not measured (no memory-fit search in the update results)", None)
+    text = "; ".join(f"{name.upper()}: N = {fit['largest_pop']:,} ({(fit.get('program_bytes') or 0) / 2**30:.2f} of "
+                     f"{fit['limit_bytes'] / 2**30:.1f} GiB, {fit['limit_source']})" for name, fit in found.items())
+    missing = [name for name in t["learners"] if name not in found]
+    return Judged(text + (f"; {', '.join(missing)} not measured" if missing else ""), None if missing else True,
+                  list({id(p): p for p in runs}.values()))
+
+
+TARGET_KINDS: dict[str, Callable[[dict[str, Any], dict[str, list[dict[str, Any]]]], Judged]] = {
+    "speedup_vs_torch": _speedup_vs_torch,
+    "layer_ceiling": _layer_ceiling,
+    "train_overlap": _train_overlap,
+    "compile_time": _compile_time,
+    "memory_fit": _memory_fit,
+}
+
+
+def targets(data: dict[str, list[dict[str, Any]]], target_list: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per target: ``[target, measured, conditions, verdict]``; a figure from a busy run is shown
+    with the verdict ``busy`` (never met or missed)."""
     rows = []
-    update = merged(data, "update")
-    note = {study: _under_load(merged(data, study)) for study in STUDY_ORDER}
-    if update:
-        for learner in ("td3", "sac"):
-            recs = [r for r in update["results"] if r["learner"] == learner and "skipped" not in r
-                    and r["impl"] in ("vmap", "vmap_scan") and r["devices"] == 1 and r["pop"] >= 4
-                    and r.get("speedup_vs_torch_seq")]
-            by_pop: dict[int, float] = {}
-            for r in recs:
-                by_pop[r["pop"]] = max(by_pop.get(r["pop"], 0.0), r["speedup_vs_torch_seq"])
-            k1 = [r["speedup_vs_torch_seq"] for r in recs if r["impl"] == "vmap"]
-            if by_pop:
-                worst = min(by_pop.values())
-                rows.append([f"{learner.upper()}: vectorized ≥ 2× PyTorch sequential per population step, N ≥ 4",
-                             f"min over N ∈ {sorted(by_pop)} of the best popjax variant: {worst:.2f}× "
-                             f"(K=1 only: {min(k1):.2f}×)" + note["update"] if k1 else f"{worst:.2f}×",
-                             _ok(worst >= 2.0)])
-            else:
-                rows.append([f"{learner.upper()}: ≥ 2× PyTorch sequential, N ≥ 4", "not measured (no PyTorch run)",
-                             "—"])
-    roof = merged(data, "roofline")
-    if roof:
-        for learner in dict.fromkeys(r["learner"] for r in roof["results"]):
-            recs = [r for r in roof["results"] if r["learner"] == learner and "skipped" not in r and r["pop"] >= 16
-                    and r["devices"] == 1]
-            if recs:
-                worst = min(r["fraction_of_peak"] for r in recs)
-                rows.append([f"{learner.upper()}: ≥ 60% of matmul GFLOP/s at N ≥ 16",
-                             f"min {100 * worst:.0f}% (N ∈ {[r['pop'] for r in recs]}; peak "
-                             f"{recs[0]['peak_gflops']:.0f} GFLOP/s)" + note["roofline"], _ok(worst >= 0.6)])
-    comp = merged(data, "compile")
-    if comp:
-        recs = [r for r in comp["results"] if r["learner"] == "td3" and r["pop"] == 64 and r["devices"] == 1
-                and r["k"] == 50]
-        if recs:
-            rows.append(["TD3 50-step population update compiles in < 30 s at N = 64",
-                         f"{recs[0]['compile_s']:.1f} s" + note["compile"], _ok(recs[0]["compile_s"] < 30.0)])
+    for t in target_list:
+        try:
+            judged = TARGET_KINDS[t["kind"]](t, data)
+        except (KeyError, TypeError, ZeroDivisionError) as err:  # a target or a result of another shape: say so
+            judged = Judged(f"could not judge: {err!r}", None)
+        where = "; ".join(f"`{p.get('_file', t.get('study'))}`: {conditions(p)}" for p in judged.runs) or "—"
+        if judged.runs and any(busy(p) for p in judged.runs):
+            verdict = "**busy** — not judged"
+        elif judged.verdict is None:
+            verdict = "not measured"
         else:
-            rows.append(["TD3 50-step population update compiles in < 30 s at N = 64", "N = 64 not measured", "—"])
-    train = merged(data, "train")
-    if train:
-        recs = [r for r in train["results"] if r["env"] == "gym:HalfCheetah-v5" and r["pop"] == 16
-                and r.get("devices", 1) == 1 and "skipped" not in r]
-        if recs and recs[0].get("update_fraction") is not None:
-            frac = recs[0]["update_fraction"]
-            rows.append(["train, gym:HalfCheetah-v5, pop 16: ≥ 70% of wall time in the compiled update",
-                         f"{100 * frac:.0f}%" + note["train"], _ok(frac >= 0.7)])
+            verdict = "**met**" if judged.verdict else "**missed**"
+        rows.append([t.get("text", t["kind"]), judged.measured, where, verdict])
     return rows
 
 
@@ -144,12 +297,24 @@ def _load_line(payload: dict[str, Any]) -> str:
             f"{m['device_count']} device(s); XLA_FLAGS='{m['xla_flags']}'._")
 
 
+def _head(title: str, p: dict[str, Any], study: str) -> list[str]:
+    """A section's heading, its run's conditions (load, busy, ceilings) and its plot."""
+    return [title, "", _load_line(p), "", _sitting_line(p), "", _image(p.get("_file", study)), ""]
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
 def section_update(p: dict[str, Any]) -> list[str]:
-    lines = ["## update — one population-wide update step (paper Fig. 2)", "", _load_line(p), "",
-             "ms per population step (median of timed calls after warm-up, ÷ K for K-step calls); speed-ups are "
-             "against **PyTorch sequential, one step per call** (the paper's baseline) and **JAX sequential** "
-             "(the same jitted single-member update called member after member), measured in the same process.",
-             "", _image(p.get("_file", "update")), ""]
+    lines = _head("## update — one population-wide update step (paper Fig. 2)", p, "update")
+    lines += ["ms per population step: median (and IQR) of at least "
+              f"{p['params'].get('repeats', '?')} timed calls after warm-up, ÷ K for K-step calls; speed-ups are "
+              "against **PyTorch sequential, one step per call** (the paper's baseline; the fastest of the thread "
+              f"counts {p['params'].get('torch_threads')}) and **JAX sequential** (the same jitted single-member "
+              "update called member after member), measured in the same process. GFLOP/s: XLA's FLOP count of "
+              "the 1-step program ÷ time; 'ceiling': N independent [B,h]@[h,h] products (the update's dominant "
+              "layer) measured just before the point.", ""]
     notes = p.get("notes") or []
     lines += [f"> {n}" for n in notes] + ([""] if notes else [])
     res = [r for r in p["results"] if "skipped" not in r]
@@ -172,14 +337,27 @@ def section_update(p: dict[str, Any]) -> list[str]:
             j = base.get(("jax_seq", r["pop"]))
             mem = r.get("memory") or {}
             rows.append([r["pop"], r["devices"], "vmap" if r["impl"] == "vmap" else f"vmap+scan K={k}",
-                         _f(r["ms_per_pop_step"], 3), _f(j and j["ms_per_pop_step"], 3),
+                         _f(r["ms_per_pop_step"], 3), _f(r.get("ms_per_pop_step_iqr"), 3),
+                         _f(r.get("gflops"), 0), _f(r.get("layer_gflops"), 0), _pct(r.get("fraction_of_layer")),
+                         _f(j and j["ms_per_pop_step"], 3),
                          _f(t and t["ms_per_pop_step"], 3) + (f" ({t['torch_threads']} thr)" if t and
                                                                t.get("torch_threads") else ""),
                          _f(r.get("speedup_vs_torch_seq"), 2, "×"),
                          _f(r.get("speedup_vs_jax_seq"), 2, "×"), _f(r.get("compile_s"), 1),
                          _f(mem.get("rss_delta_mb"), 0)])
-        lines += _table(["N", "devices", "popjax", "popjax ms", "JAX seq ms", "PyTorch seq ms", "vs PyTorch seq",
-                         "vs JAX seq", "compile s", "peak RSS Δ MB"], rows)
+        lines += _table(["N", "devices", "popjax", "popjax ms", "IQR ms", "GFLOP/s", "ceiling GFLOP/s",
+                         "% of ceiling", "JAX seq ms", "PyTorch seq ms", "vs PyTorch seq", "vs JAX seq", "compile s",
+                         "peak RSS Δ MB"], rows)
+        fit = (p.get("memory_fit") or {}).get(learner)
+        if fit:
+            if fit.get("largest_pop") is None:
+                lines += [f"Largest population that fits in memory: not found ({fit.get('reason')}).", ""]
+            else:
+                lines += [f"Largest population whose compiled K = {fit['k']} update fits in memory: "
+                          f"**N = {fit['largest_pop']:,}** ({(fit.get('program_bytes') or 0) / 2**30:.2f} GiB of "
+                          f"{fit['limit_bytes'] / 2**30:.1f} GiB, {fit['limit_source']}; XLA's memory analysis of "
+                          f"{len(fit['tried'])} programs compiled for shapes only"
+                          + ("; the search stopped at its cap" if fit.get("capped_at_max_pop") else "") + ").", ""]
         skipped = [r for r in p["results"] if r["learner"] == learner and "skipped" in r]
         if skipped:
             lines += ["Skipped points: " + "; ".join(f"{r['impl']} N={r['pop']} d={r['devices']} ({r['skipped']})"
@@ -188,8 +366,7 @@ def section_update(p: dict[str, Any]) -> list[str]:
 
 
 def section_roofline(p: dict[str, Any]) -> list[str]:
-    lines = ["## roofline — achieved vs dense-matmul GFLOP/s", "", _load_line(p), "",
-             _image(p.get("_file", "roofline")), ""]
+    lines = _head("## roofline — achieved vs dense-matmul GFLOP/s", p, "roofline")
     for d, m in p["matmul"].items():
         sizes = ", ".join(f"{s['n']}: {s['gflops']:.1f}" for s in m["sizes"])
         lines.append(f"- dense float32 matmul peak on {d} device(s): **{m['peak_gflops']:.1f} GFLOP/s** "
@@ -197,83 +374,100 @@ def section_roofline(p: dict[str, Any]) -> list[str]:
     lines += ["", "FLOPs per population step from XLA's cost analysis of the compiled 1-step update; "
               "'XLA/analytic' divides it by the analytic matmul count (elementwise work such as Adam, "
               "activations and the RNG makes it > 1). 'N×[B,h]@[h,h]' is the throughput XLA attains on the "
-              "update's dominant layer alone at the same shapes (N independent 256×256 products of a 256-row "
-              "batch): the realistic ceiling for this workload.", ""]
+              "update's dominant layer alone at the same shapes (N independent h×h products of a B-row "
+              "batch), measured just before the point: the realistic ceiling for this workload.", ""]
     rows = []
     for r in sorted((r for r in p["results"] if "skipped" not in r),
                     key=lambda r: (r["learner"], r["devices"], r["pop"])):
-        rows.append([r["learner"].upper(), r["pop"], r["devices"], _f(r[r["best_impl"]]["ms_per_pop_step"], 3),
+        best = r[r["best_impl"]]
+        rows.append([r["learner"].upper(), r["pop"], r["devices"], _f(best["ms_per_pop_step"], 3),
+                     _f(best.get("ms_per_pop_step_iqr"), 3),
                      _f(r["xla_flops_per_pop_step"] and r["xla_flops_per_pop_step"] / 1e9, 3),
-                     _f(r["gflops"], 1), f"{100 * r['fraction_of_peak']:.0f}%", _f(r.get("layer_gflops"), 1),
-                     _f(r.get("xla_over_analytic"), 2),
-                     r["best_impl"]])
-    header = ["learner", "N", "devices", "ms/step", "GFLOP/step", "GFLOP/s", "% of peak",
-              "N×[B,h]@[h,h] GFLOP/s", "XLA/analytic", "variant"]
-    return lines + _table(header, rows)
+                     _f(r["gflops"], 1), _pct(r.get("fraction_of_peak")), _f(r.get("layer_gflops"), 1),
+                     _pct(r.get("fraction_of_layer")), _f(r.get("xla_over_analytic"), 2), r["best_impl"]])
+    header = ["learner", "N", "devices", "ms/step", "IQR ms", "GFLOP/step", "GFLOP/s", "% of peak",
+              "N×[B,h]@[h,h] GFLOP/s", "% of N×[B,h]@[h,h]", "XLA/analytic", "variant"]
+    lines += _table(header, rows)
+    skipped = [r for r in p["results"] if "skipped" in r]
+    if skipped:
+        lines += ["Skipped points: " + "; ".join(f"{r['learner']} N={r['pop']} d={r['devices']} ({r['skipped']})"
+                                                  for r in skipped), ""]
+    return lines
 
 
 def section_compile(p: dict[str, Any]) -> list[str]:
-    lines = ["## compile — compile time of the K-step population update (paper Table 3)", "", _load_line(p), "",
-             _image(p.get("_file", "compile")), "",
-             "AOT `jax.jit(f).lower(...).compile()` of `jit(scan(vmap(update)))`; the first execution is not "
-             "included (the paper's number includes one). Paper (N = 20, K = 50, GPUs): TD3 4.8–7.3 s, "
-             "SAC 6.5–9.5 s.", ""]
-    rows = [[r["learner"].upper(), r["k"], r["pop"], r["devices"], _f(r["compile_s"], 2), _f(r["trace_lower_s"], 2),
-             _f(r["xla_compile_s"], 2)] for r in sorted(p["results"], key=lambda r: (r["learner"], r["devices"],
-                                                                                      r["pop"]))]
+    lines = _head("## compile — compile time of the K-step population update (paper Table 3)", p, "compile")
+    lines += ["AOT `jax.jit(f).lower(...).compile()` of `jit(scan(vmap(update)))`; the first execution is not "
+              "included (the paper's number includes one). Paper (N = 20, K = 50, GPUs): TD3 4.8–7.3 s, "
+              "SAC 6.5–9.5 s. XLA compiles on the host CPU: the dense-matmul peak above says how fast it was "
+              "in this run.", ""]
+    rows = []
+    for r in sorted(p["results"], key=lambda r: (r["learner"], r["devices"], r["pop"])):
+        head = [r["learner"].upper(), r.get("k"), r["pop"], r["devices"]]
+        if "skipped" in r:
+            rows.append(head + ["skipped: " + r["skipped"][:80], "", ""])
+            continue
+        rows.append(head + [_f(r["compile_s"], 2), _f(r["trace_lower_s"], 2), _f(r["xla_compile_s"], 2)])
     return lines + _table(["learner", "K", "N", "devices", "compile s", "trace+lower s", "XLA s"], rows)
 
 
 def section_envstep(p: dict[str, Any]) -> list[str]:
-    lines = ["## envstep — ms per environment interaction (paper Table 2)", "", _load_line(p), "",
-             _image(p.get("_file", "envstep")), "",
-             f"gym: gymnasium MuJoCo v5 on the host (`single`: one env and one member's jitted policy, one call "
-             f"per step, as the paper's Table 2; `vector`: one training iteration's interaction, "
-             f"`Loop.collect` of `popjax train`, pop × {p['params']['envs_per_member']} env(s), one compiled "
-             f"population act per step). brax/probe: the same `Loop.collect`, one compiled scan of vmapped "
-             f"steps (brax backend `{p['params'].get('brax_backend')}`). 'devices': the population split over "
-             "that many devices. Paper (Xeon 2.8 GHz, v2/v3 envs): HalfCheetah 0.94 ms (TD3) / 0.66 ms (SAC).",
-             ""]
+    lines = _head("## envstep — ms per environment interaction (paper Table 2)", p, "envstep")
+    lines += [f"gym: gymnasium MuJoCo v5 on the host (`single`: one env and one member's jitted policy, one call "
+              f"per step, as the paper's Table 2; `vector`: one training iteration's interaction, "
+              f"`Loop.collect` of `popjax train`, pop × {p['params']['envs_per_member']} env(s), one compiled "
+              f"population act per step). brax/probe: the same `Loop.collect`, one compiled scan of vmapped "
+              f"steps (brax backend `{p['params'].get('brax_backend')}`). 'devices': the population split over "
+              "that many devices. Median and IQR of the timed calls. Paper (Xeon 2.8 GHz, v2/v3 envs): "
+              "HalfCheetah 0.94 ms (TD3) / 0.66 ms (SAC).", ""]
     rows = []
     for r in p["results"]:
         head = [r["path"], r["env"], r["mode"], r["learner"], r["pop"], r.get("devices", 1)]
         if "skipped" in r:
-            rows.append(head + ["skipped: " + r["skipped"][:60], "", ""])
+            rows.append(head + ["skipped: " + r["skipped"][:60], "", "", ""])
             continue
-        rows.append(head + [_f(r["ms_per_interaction"], 4), _f(r.get("env_only_ms_per_interaction"), 4),
-                            _f(r.get("ms_per_member_step"), 4)])
-    return lines + _table(["path", "env", "mode", "policy", "N", "devices", "ms / interaction", "env only ms",
-                           "ms / member step"], rows)
+        rows.append(head + [_f(r["ms_per_interaction"], 4), _f(r.get("ms_per_interaction_iqr"), 4),
+                            _f(r.get("env_only_ms_per_interaction"), 4), _f(r.get("ms_per_member_step"), 4)])
+    return lines + _table(["path", "env", "mode", "policy", "N", "devices", "ms / interaction", "IQR ms",
+                           "env only ms", "ms / member step"], rows)
 
 
 def section_train(p: dict[str, Any]) -> list[str]:
     prm = p["params"]
-    lines = ["## train — end-to-end `popjax.experiment.train` (independent driver)", "", _load_line(p), "",
-             _image(p.get("_file", "train")), "",
-             f"{prm['learner'].upper()}, hidden {prm['hidden']}, batch {prm['batch_size']}, "
-             f"{prm['env_steps_per_member']} env steps per member ({prm['warmup_steps']} random warm-up), "
-             f"K = {prm['updates_per_iter']} updates per {prm['rollout_len']}-step iteration, one evaluation "
-             "episode per member at the end. Wall time excludes compilation (reported separately). "
-             "'update' = time inside the compiled update call (JAX path: collect-only calls subtracted).", ""]
+    lines = _head("## train — end-to-end `popjax.experiment.train` (independent driver)", p, "train")
+    lines += [f"{prm['learner'].upper()}, hidden {prm['hidden']}, batch {prm['batch_size']}, "
+              f"{prm['env_steps_per_member']} env steps per member ({prm['warmup_steps']} random warm-up), "
+              f"K = {prm['updates_per_iter']} updates per {prm['rollout_len']}-step iteration, one evaluation "
+              "episode per member at the end. Wall time excludes compilation (reported separately). "
+              "'update' = time inside the compiled update call (JAX path: collect-only calls subtracted); "
+              "'iteration ms': median (IQR) of the training iterations' wall time; 'ceiling': N×[B,h]@[h,h] "
+              "GFLOP/s measured just before the run.", ""]
     rows = []
     for r in p["results"]:
-        head = [r["env"], r["pop"], r.get("devices", 1)]
+        head = [r["env"], r["pop"], r.get("devices", 1)] + (["on" if r["overlap"] else "off"] if "overlap" in r
+                                                              else [])
         if "skipped" in r:
-            rows.append(head + ["skipped: " + r["skipped"][:80], "", "", "", "", "", ""])
+            rows.append(head + ["skipped: " + r["skipped"][:80]] + [""] * 8)
             continue
-        pct = lambda x: "—" if x is None else f"{100 * x:.0f}%"
-        rows.append(head + [_f(r.get("env_steps_per_s_steady"), 0), _f(r["env_steps_per_s"], 0),
-                            pct(r["update_fraction"]), pct(r.get("update_fraction_overall")),
-                            pct(r["compiled_fraction"]), _f(r["wall_s"], 1), _f(r["compile_s"], 1)])
-    return lines + _table(["env", "pop", "devices", "env steps/s (training iterations)", "env steps/s (whole run)",
-                           "update share (training iterations)", "update share (whole run)",
-                           "any compiled step (whole run)", "wall s", "compile s"], rows)
+        iteration = "—" if r.get("iteration_s") is None else (
+            f"{1e3 * r['iteration_s']:.1f} ({1e3 * r['iteration_iqr_s']:.1f})")
+        rows.append(head + [_f(r.get("env_steps_per_s_steady"), 0), _f(r["env_steps_per_s"], 0), iteration,
+                            _pct(r["update_fraction"]), _pct(r.get("update_fraction_overall")),
+                            _pct(r["compiled_fraction"]), _f(r.get("layer_gflops"), 0), _f(r["wall_s"], 1),
+                            _f(r["compile_s"], 1)])
+    overlap = ["overlap"] if any("overlap" in r for r in p["results"]) else []
+    if overlap:  # rows without the key (skipped ones) get an empty cell
+        rows = [row if len(row) == 13 else row[:3] + [""] + row[3:] for row in rows]
+    return lines + _table(["env", "pop", "devices"] + overlap + [
+        "env steps/s (training iterations)", "env steps/s (whole run)", "iteration ms (IQR)",
+        "update share (training iterations)", "update share (whole run)", "any compiled step (whole run)",
+        "ceiling GFLOP/s", "wall s", "compile s"], rows)
 
 
 def section_generic(study: str, p: dict[str, Any]) -> list[str]:
     lines = [f"## {study}", ""]
     if "machine" in p and "started_utc" in p:
-        lines += [_load_line(p), ""]
+        lines += [_load_line(p), "", _sitting_line(p), ""]
     lines += [_image(p.get("_file", study)), ""]
     results = p.get("results") or []
     scalar_keys = [k for k in (results[0] if results else {}) if isinstance(results[0][k], int | float | str)]
@@ -284,51 +478,58 @@ def section_generic(study: str, p: dict[str, Any]) -> list[str]:
 
 
 def section_shared_critic(p: dict[str, Any]) -> list[str]:
-    lines = ["## shared_critic — shared-critic TD3 update (CEM-RL / DvD; paper Fig. 4)", "", _load_line(p), "",
-             _image(p.get("_file", "shared_critic")), "",
-             "One population step = one shared-critic update + N actor updates; `vectorized` = the fast-PBT "
-             "modification, `sequential` = the CEM-RL order compiled as one program, `sequential_loop` = the same "
-             "order as a Python loop of jitted calls (see `popjax/bench/shared_critic.py`). 'devices': the "
-             "vectorized step split over that many devices (actors split, critic replicated); the sequential "
-             "orders always run on one device.", ""]
+    lines = _head("## shared_critic — shared-critic TD3 update (CEM-RL / DvD; paper Fig. 4)", p, "shared_critic")
+    lines += ["One population step = one shared-critic update + N actor updates; `vectorized` = the fast-PBT "
+              "modification, `sequential` = the CEM-RL order compiled as one program, `sequential_loop` = the same "
+              "order as a Python loop of jitted calls (see `popjax/bench/shared_critic.py`). 'devices': the "
+              "vectorized step split over that many devices (actors split, critic replicated); the sequential "
+              "orders always run on one device. ms: median (IQR) of the timed calls; 'ceiling': N×[B,h]@[h,h] "
+              "GFLOP/s measured just before the point.", ""]
     impls = [i for i in ("vectorized", "sequential", "sequential_loop")
              if any(f"{i}_step_s" in r for r in p["results"])]
     rows = []
     for r in p["results"]:
         row = [r.get("pop"), r.get("k"), r.get("devices", 1)]
         if "skipped" in r:
-            rows.append(row + ["skipped: " + r["skipped"][:60]] + [""] * (len(impls) + 2))
+            rows.append(row + ["skipped: " + r["skipped"][:60]] + [""] * (len(impls) + 3))
             continue
-        row += [_f(r.get(f"{i}_step_s") and 1e3 * r[f"{i}_step_s"], 3) for i in impls]
+        for i in impls:
+            ms = _f(r.get(f"{i}_step_s") and 1e3 * r[f"{i}_step_s"], 3)
+            iqr = r.get(f"{i}_iqr_step_s")
+            row.append(ms + ("" if iqr is None else f" ({1e3 * iqr:.3f})"))
         row += [_f(r.get("speedup_vs_sequential"), 2, "×"), _f(r.get("speedup_vs_sequential_loop"), 2, "×"),
-                _f(r.get("vectorized_gflops_per_s"), 1)]
+                _f(r.get("vectorized_gflops_per_s"), 1), _f(r.get("layer_gflops"), 0)]
         rows.append(row)
     return lines + _table(["N", "K", "devices"] + [f"{i} ms" for i in impls] + ["vs sequential",
                                                                                 "vs sequential loop",
-                                                                                "vectorized GFLOP/s"], rows)
+                                                                                "vectorized GFLOP/s",
+                                                                                "ceiling GFLOP/s"], rows)
 
 
 def section_drivers(p: dict[str, Any]) -> list[str]:
     params = p["params"]
-    lines = ["## drivers — one training iteration of every driver, 1 vs more devices", "", _load_line(p), "",
-             _image(p.get("_file", "drivers")), "",
-             f"One iteration = {params['rollout_len']} env steps per member + {params['updates_per_iteration']} "
-             f"updates (CEM-RL: one generation), pop {params['pop']}, {params['env']}, hidden "
-             f"{tuple(params['hidden'])}, batch {params['batch_size']}; median of the compiled iteration calls "
-             "(the first quarter, with the warm-up, left out). On a CPU the devices are forced host devices "
-             "sharing its cores.", ""]
+    lines = _head("## drivers — one training iteration of every driver, 1 vs more devices", p, "drivers")
+    lines += [f"One iteration = {params['rollout_len']} env steps per member + {params['updates_per_iteration']} "
+              f"updates (CEM-RL: one generation), pop {params['pop']}, {params['env']}, hidden "
+              f"{tuple(params['hidden'])}, batch {params['batch_size']}; median of the compiled iteration calls "
+              "(the first quarter, with the warm-up, left out). On a CPU the devices are forced host devices "
+              "sharing its cores. 'ceiling': N×[B,h]@[h,h] GFLOP/s on that many devices, measured at the start.", ""]
     rows = [[r["driver"], r["devices"], r["parallel"], _f(1e3 * r["iteration_s"], 2), _f(1e3 * r["iteration_iqr_s"], 2),
-             r["iterations_timed"], _f(r.get("vs_one_device"), 2, "×"), _f(r["compile_s"], 1)] for r in p["results"]]
+             r["iterations_timed"], _f(r.get("vs_one_device"), 2, "×"), _f(r.get("layer_gflops"), 0),
+             _f(r["compile_s"], 1)] for r in p["results"]]
     return lines + _table(["driver", "devices", "parallel", "ms/iteration", "IQR ms", "calls", "time / 1 device",
-                           "compile s"], rows)
+                           "ceiling GFLOP/s", "compile s"], rows)
 
 
-def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None) -> str:
+def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
+           target_list: list[dict[str, Any]] | None = None, targets_source: str | None = None) -> str:
     lines = ["# popjax benchmark results", "",
              "Generated by `popjax bench report` (run by `make bench`) from `benchmarks/results/*.json`; do not "
-             "edit by hand — the analysis at the end comes from `benchmarks/ANALYSIS.md`. Every number is a "
-             "median of repeated timed calls after warm-up, outputs blocked on, compile time excluded; ratios "
-             "are measured within one run of one process.", ""]
+             "edit by hand — the analysis at the end comes from `benchmarks/ANALYSIS.md`, the targets from "
+             "`benchmarks/targets.yaml`. Every number is a median (with its IQR) of at least 10 timed calls after "
+             "warm-up, outputs blocked on, compile time excluded; ratios are measured within one run of one "
+             "process, and every figure is shown beside the load and the machine's ceilings measured in the same "
+             "run.", ""]
     if not data:
         return "\n".join(lines + ["No results yet: run `make bench`.", ""])
     machine = next(iter(data.values()))[0]["machine"]
@@ -337,11 +538,15 @@ def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None) -
               f"- JAX {machine['jax']} (jaxlib {machine['jaxlib']}), flax {machine['flax']}, optax {machine['optax']}, "
               f"PyTorch {machine.get('torch') or 'not installed'}; backend `{machine['backend']}`, devices: "
               + ", ".join(f"{d['platform']}:{d['kind']}" for d in machine["devices"]),
-              "- The machine is shared: the load average while each study ran is given with it "
-              "(2 cores, so a load above 2 means other processes competed for the CPU).", ""]
-    rows = targets(data)
-    if rows:
-        lines += ["## Targets (2-core CPU)", ""] + _table(["target", "measured", "verdict"], rows)
+              "- Load discipline: a study refuses to start when the 1-minute load average exceeds half the cores; "
+              "one run with `--allow-busy`, or during which other processes used more than half the CPU, is "
+              "stamped **busy**: shown, never judged.", ""]
+    if target_list:
+        rows = targets(data, target_list)
+        lines += [f"## Targets ({targets_source or 'benchmarks/targets.yaml'})", ""]
+        lines += _table(["target", "measured", "conditions (load at start→end, dense-matmul peak)", "verdict"], rows)
+    elif targets_source and not Path(targets_source).exists():
+        lines += [f"No targets judged: {targets_source} not found.", ""]
     sections = {"update": section_update, "roofline": section_roofline, "compile": section_compile,
                 "envstep": section_envstep, "train": section_train, "shared_critic": section_shared_critic,
                 "drivers": section_drivers}
@@ -361,11 +566,15 @@ def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None) -
 
 
 def write_report(results_dir: str | Path = "benchmarks/results", output: str | Path = "benchmarks/RESULTS.md",
-                 analysis_path: str | Path | None = None) -> Path:
+                 analysis_path: str | Path | None = None, targets_path: str | Path | None = None) -> Path:
+    """Writes the report; ``analysis_path`` / ``targets_path`` default to ``ANALYSIS.md`` / ``targets.yaml``
+    beside ``output``. A malformed targets file is a ValueError (one line)."""
     output = Path(output)
     analysis_path = Path(analysis_path) if analysis_path else output.parent / "ANALYSIS.md"
+    targets_path = Path(targets_path) if targets_path else output.parent / "targets.yaml"
     analysis = analysis_path.read_text() if analysis_path.exists() else None
+    target_list = load_targets(targets_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     _IMAGES["prefix"] = Path(os.path.relpath(Path(results_dir).resolve(), output.parent.resolve())).as_posix()
-    output.write_text(render(load_results(results_dir), analysis))
+    output.write_text(render(load_results(results_dir), analysis, target_list, str(targets_path)))
     return output

@@ -1,9 +1,11 @@
 """Study ``roofline``: achieved GFLOP/s of the population update against the machine's matmul peak.
 
-1. Peak: a large dense float32 ``jnp.dot`` (several sizes, best kept), timed like every
-   other call (compiled once, median of repeats, output blocked on). With several devices
-   the matmul is batched over the devices (one ``[n, n] @ [n, n]`` per device, sharded),
-   so the peak is that of all devices together.
+1. Peak: a large dense float32 ``jnp.dot`` (several sizes, best kept; ``common.matmul_gflops``),
+   timed like every other call (compiled once, median of repeats, output blocked on). With
+   several devices the matmul is batched over the devices (one ``[n, n] @ [n, n]`` per device,
+   sharded), so the peak is that of all devices together. The study also runs in a
+   ``common.Sitting`` (load check, the 2048² peak before and after, and the N×[B,h]@[h,h]
+   ceiling of the update's dominant layer at each point: ``common.layer_gflops``).
 2. Achieved: the TD3/SAC population update ``jit(vmap(update))`` at each N; FLOPs per
    population step from XLA's cost analysis of the compiled 1-step program
    (``jitted.lower(...).compile().cost_analysis()["flops"]``; XLA counts a scan body once,
@@ -13,14 +15,11 @@
 
 from __future__ import annotations
 
-import argparse
-import functools
-from typing import Any
-
-import jax
-import jax.numpy as jnp
+import dataclasses
+from typing import Any, ClassVar
 
 from popjax.bench import common, update
+from popjax.bench import options as opt
 from popjax.bench.common import log
 
 STUDY = "roofline"
@@ -64,97 +63,74 @@ def matmul_peak(devices: int, sizes=(1024, 2048), opts=None) -> dict[str, Any]:
     """Dense float32 matmul throughput (GFLOP/s) on ``devices`` devices; best over ``sizes``."""
     rows = []
     for n in sizes:
-        key_a, key_b = jax.random.split(jax.random.key(n))
-        a = jax.random.normal(key_a, (devices, n, n), jnp.float32)
-        b = jax.random.normal(key_b, (devices, n, n), jnp.float32)
-        a, b = common.place(a, devices), common.place(b, devices)
-        compiled, _ = common.compile_timed(lambda x, y: jnp.einsum("dij,djk->dik", x, y), a, b)
-        call = functools.partial(compiled, a, b)
-        timing = common.time_calls(
-            call, warmup=2, min_repeats=getattr(opts, "repeats", 5), min_time=getattr(opts, "min_time", 1.0)
-        )
-        flops = 2.0 * devices * n**3
-        rows.append(
-            {
-                "n": n,
-                "devices": devices,
-                "flops": flops,
-                "xla_flops": common.cost_flops(compiled),
-                "gflops": flops / timing["median_s"] / 1e9,
-                "timing": timing,
-            }
-        )
+        rows.append(common.matmul_gflops(n, devices, repeats=getattr(opts, "repeats", 10),
+                                         min_time=getattr(opts, "min_time", 1.0)))
         log(f"  matmul {n}x{n} x{devices} device(s): {rows[-1]['gflops']:.1f} GFLOP/s")
-        del a, b, call
     best = max(rows, key=lambda r: r["gflops"])
     return {"devices": devices, "peak_gflops": best["gflops"], "best_n": best["n"], "sizes": rows}
-
-
-def batched_layer_gflops(pop: int, devices: int, batch: int, width: int, opts=None) -> float:
-    """GFLOP/s of ``pop`` independent ``[batch, width] @ [width, width]`` matmuls (one vmapped dot):
-    the dominant layer of the population update at its real shapes — the attainable peak for it."""
-    key_a, key_b = jax.random.split(jax.random.key(pop))
-    a = common.place(jax.random.normal(key_a, (pop, batch, width), jnp.float32), devices)
-    b = common.place(jax.random.normal(key_b, (pop, width, width), jnp.float32), devices)
-    compiled, _ = common.compile_timed(lambda x, y: jnp.einsum("nbi,nio->nbo", x, y), a, b)
-    timing = common.time_calls(
-        functools.partial(compiled, a, b),
-        warmup=2,
-        min_repeats=getattr(opts, "repeats", 5),
-        min_time=getattr(opts, "min_time", 1.0),
-    )
-    return 2.0 * pop * batch * width * width / timing["median_s"] / 1e9
 
 
 IMPLS = ("vmap", "vmap_scan")  # one step per call, K steps per call
 
 
-def run(
-    learners=("td3", "sac"),
-    pops=update.DEFAULT_POPS,
-    devices=(1,),
-    impls=("vmap",),
-    out_dir=common.DEFAULT_OUT,
-    hidden=None,
-    batch_size=None,
-    k=None,
-    matmul_sizes=(1024, 2048),
-    repeats=10,
-    min_time=1.0,
-    max_seconds=120.0,
-    seed=0,
-    plot=True,
-) -> dict[str, Any]:
-    opts = argparse.Namespace(repeats=repeats, min_time=min_time, max_seconds=max_seconds, seed=seed)
+@dataclasses.dataclass(frozen=True)
+class Options(opt.StudyOptions):
+    """``popjax bench roofline`` (and ``roofline.run(...)``)."""
+
+    STUDY: ClassVar[str] = STUDY
+    learners: tuple[str, ...] = opt.names(("td3", "sac"), "comma-separated learners", flag="--learner",
+                                          allowed=("td3", "sac"), what=" learner")
+    pops: tuple[int, ...] = opt.ints(update.DEFAULT_POPS, "population sizes, comma-separated", flag="--pop")
+    impls: tuple[str, ...] = opt.names(("vmap",), "vmap and/or vmap_scan (K steps per call)", flag="--impl",
+                                       allowed=IMPLS, what=" implementation")
+    k: int | None = opt.integer(None, "update steps per compiled call of vmap_scan (default: 50)")
+    hidden: tuple[int, ...] | None = opt.ints(None, "override hidden sizes, e.g. 64,64")
+    batch_size: int | None = opt.integer(None, "override the batch size")
+    matmul_sizes: tuple[int, ...] = opt.ints((1024, 2048), "square matmul sizes for the peak")
+    repeats: int = opt.repeats()
+    min_time: float = opt.min_time()
+    max_seconds: float = opt.max_seconds()
+
+
+def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
+    """Runs the study and writes ``<out_dir>/roofline.json`` (and ``.png``); returns the payload.
+
+    ``options``: an ``Options``; ``overrides``: any of its fields.
+    """
+    o = Options.build(options, overrides)
+    learners, pops, devices, impls, max_seconds = o.learners, o.pops, o.devices, o.impls, o.max_seconds
     started = common.utc_now()
-    unknown = sorted(set(impls) - set(IMPLS))
-    if unknown:
-        raise ValueError(f"--impl: unknown implementation(s) {', '.join(unknown)} (allowed: {', '.join(IMPLS)})")
-    for name in learners:
-        update.problem(name, hidden, batch_size, k)  # unknown learners fail before anything is timed
+    problems = [update.problem(name, o.hidden, o.batch_size, o.k) for name in learners]
     common.request_devices(devices)
-    load_before = common.load_average()
-    peaks = {d: matmul_peak(d, matmul_sizes, opts) for d in devices}
+    sitting = common.Sitting(allow_busy=o.allow_busy, wait_quiet=o.wait_quiet, repeats=o.repeats,
+                             min_time=o.min_time, seed=o.seed)
+    peaks = {d: matmul_peak(d, o.matmul_sizes, o) for d in devices}
     results: list[dict[str, Any]] = []
-    for name in learners:
-        p = update.problem(name, hidden, batch_size, k)
+    for p in problems:
+        name = p.learner
         analytic = analytic_flops(p)
         for d in devices:
-            last = None
+            last = None  # (pop, {impl: (s per call, warm-up calls)})
             for pop in pops:
                 if pop % d:
                     continue
-                if last and last[1] * pop / last[0] > max_seconds:
-                    results.append(
-                        {
-                            "learner": name,
-                            "pop": pop,
-                            "devices": d,
-                            "skipped": f"estimated {last[1] * pop / last[0]:.0f}s > --max-seconds",
-                        }
-                    )
-                    continue
-                one = update.run_vmap(p, pop, d, 1, opts, reuse=True)
+                if last:
+                    estimate = sum(common.estimated_seconds(call_s, pop / last[0], repeats=o.repeats,
+                                                            min_time=o.min_time, warmup=warmup)
+                                   for call_s, warmup in last[1].values())
+                    if estimate > max_seconds:
+                        reason = (f"estimated {estimate:.0f}s for warm-up and {o.repeats} timed calls > --max-seconds "
+                                  f"{max_seconds:.0f}")
+                        log(f"  {name} N={pop:3d} d={d}: skipped ({reason})")
+                        results.append({"learner": name, "pop": pop, "devices": d, "skipped": reason})
+                        continue
+                entries = {"vmap": update.prepare_vmap(p, pop, d, 1, o, reuse=True)}
+                if "vmap_scan" in impls:
+                    entries["vmap_scan"] = update.prepare_vmap(p, pop, d, p.k, o, reuse=True)
+                # The same N independent [B, h] @ [h, h] products alone: what XLA attains at these shapes.
+                layer = sitting.layer(pop, p.batch_size, max(p.config.hidden), d)
+                timings = dict(zip(entries, update.measure(list(entries.values()), o), strict=True))
+                one = timings["vmap"]
                 flops_step = one["xla_flops_per_call"]
                 row = {
                     "learner": name,
@@ -164,20 +140,18 @@ def run(
                     "analytic_flops_per_pop_step": analytic["per_member_step"] * pop,
                     "xla_over_analytic": None if not flops_step else flops_step / (analytic["per_member_step"] * pop),
                     "peak_gflops": peaks[d]["peak_gflops"],
-                    # The same N independent [B, h] @ [h, h] products alone: what XLA attains at these shapes.
-                    "layer_gflops": batched_layer_gflops(pop, d, p.batch_size, max(p.config.hidden), opts),
+                    "layer_gflops": layer,
                     "compile_s": one["compile"]["compile_s"],
                 }
-                timings = {"vmap": one}
-                if "vmap_scan" in impls:
-                    timings["vmap_scan"] = update.run_vmap(p, pop, d, p.k, opts, reuse=True)
                 flops = flops_step or analytic["per_member_step"] * pop
                 for impl, out in timings.items():
                     sec = out["timing"]["median_s"] / out["steps_per_call"]
                     row[impl] = {
                         "ms_per_pop_step": 1e3 * sec,
+                        "ms_per_pop_step_iqr": 1e3 * out["timing"]["iqr_s"] / out["steps_per_call"],
                         "gflops": flops / sec / 1e9,
                         "fraction_of_peak": flops / sec / 1e9 / peaks[d]["peak_gflops"],
+                        "fraction_of_layer": flops / sec / 1e9 / layer,
                         "steps_per_call": out["steps_per_call"],
                         "timing": out["timing"],
                     }
@@ -185,37 +159,36 @@ def run(
                 row["best_impl"] = best
                 row["gflops"] = row[best]["gflops"]
                 row["fraction_of_peak"] = row[best]["fraction_of_peak"]
-                row["fraction_of_layer"] = row["gflops"] / row["layer_gflops"]
+                row["fraction_of_layer"] = row[best]["fraction_of_layer"]
                 results.append(row)
-                last = (pop, sum(sum(o["timing"]["times_s"]) for o in timings.values()))  # execution only
+                last = (pop, {impl: (out["timing"]["median_s"], out["warmup_calls"]) for impl, out in timings.items()})
                 log(
                     f"  {name} N={pop:3d} d={d}: {row['gflops']:.1f} GFLOP/s = "
-                    f"{100 * row['fraction_of_peak']:.0f}% "
-                    f"of peak ({best}); XLA/analytic FLOPs {row['xla_over_analytic'] or float('nan'):.2f}"
+                    f"{100 * row['fraction_of_peak']:.0f}% of peak, {100 * row['fraction_of_layer']:.0f}% of the "
+                    f"layer ceiling ({best}); XLA/analytic FLOPs {row['xla_over_analytic'] or float('nan'):.2f}"
                 )
     params = {
         "learners": list(learners),
         "pops": list(pops),
         "devices": list(devices),
         "impls": list(impls),
-        "matmul_sizes": list(matmul_sizes),
-        "repeats": repeats,
-        "min_time_s": min_time,
-        "seed": seed,
+        "matmul_sizes": list(o.matmul_sizes),
+        "repeats": o.repeats,
+        "min_time_s": o.min_time,
+        "max_seconds": max_seconds,
+        "seed": o.seed,
         "flops_source": "XLA cost_analysis of the compiled 1-step vmapped update (scan bodies are counted "
         "once by XLA, so K-step programs are not used for counting)",
-        "analytic": {name: analytic_flops(update.problem(name, hidden, batch_size, k)) for name in learners},
+        "analytic": {p.learner: analytic_flops(p) for p in problems},
     }
-    payload = common.study_payload(
-        STUDY,
-        params,
-        results,
-        started,
-        matmul={str(d): v for d, v in peaks.items()},
-        load_before=load_before,
-        load_after=common.load_average(),
-    )
-    return common.write_study(out_dir, STUDY, payload, plot_roofline, plot)
+    payload = common.study_payload(STUDY, params, results, started, matmul={str(d): v for d, v in peaks.items()},
+                                   **sitting.record())
+    return common.write_study(o.out_dir, STUDY, payload, plot_roofline, o.plot)
+
+
+def main(options: Options) -> dict[str, Any]:
+    """``popjax bench roofline``."""
+    return run(options)
 
 
 def plot_roofline(payload: dict[str, Any], path) -> Any:
@@ -250,22 +223,3 @@ def plot_roofline(payload: dict[str, Any], path) -> Any:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return common.save_figure(fig, path, payload["machine"])
-
-
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    return run(
-        learners=[x for x in args.learner.split(",") if x],
-        pops=common.parse_int_list(args.pop),
-        devices=common.parse_int_list(args.devices),
-        impls=[x for x in args.impl.split(",") if x],
-        out_dir=args.out,
-        hidden=common.parse_int_list(args.hidden) if args.hidden else None,
-        batch_size=args.batch_size,
-        k=args.k,
-        matmul_sizes=common.parse_int_list(args.matmul_sizes),
-        repeats=args.repeats,
-        min_time=args.min_time,
-        max_seconds=args.max_seconds,
-        seed=args.seed,
-        plot=not args.no_plot,
-    )

@@ -32,13 +32,17 @@ state; XLA inserts the all-reduce of the critic gradient. The sequential orders 
 member after the other by definition and always run on one device, so ``speedup_vs_*`` at
 ``d > 1`` compares the split vectorized step with the one-device sequential reference.
 ``actor_shards`` records into how many pieces the vectorized step's output actors are split.
+
+The study runs in a ``common.Sitting`` (load check, the dense-matmul peak before and after, and
+the N×[B,h]@[h,h] ceiling of the actors' dominant layer at each N and device count).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +50,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from popjax.bench import common
+from popjax.bench import options as opt
 from popjax.bench.cemrl_order import make_sequential_order
 from popjax.learners import td3
 from popjax.learners.shared_critic import make_shared_critic_td3
@@ -54,6 +59,26 @@ from popjax.types import EnvSpec, Transition
 
 STUDY = "shared_critic"
 IMPLS = ("vectorized", "sequential", "sequential_loop")
+OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah
+
+
+@dataclasses.dataclass(frozen=True)
+class Options(opt.StudyOptions):
+    """``popjax bench shared_critic`` (and ``shared_critic.run(...)``)."""
+
+    STUDY: ClassVar[str] = STUDY
+    pops: tuple[int, ...] = opt.ints((1, 2, 4, 8, 16), "population sizes, comma-separated", flag="--pop")
+    impls: tuple[str, ...] = opt.names(IMPLS, "comma-separated subset of " + ",".join(IMPLS), flag="--impl",
+                                       allowed=IMPLS, what=" implementation")
+    k: int = opt.integer(1, "update steps per compiled call (time per step = call time / k)")
+    hidden: tuple[int, ...] = opt.ints((256, 256), "hidden sizes")
+    batch_size: int = opt.integer(256, "batch size per member")
+    repeats: int = opt.repeats()
+    min_time: float = opt.min_time()
+
+    def check(self) -> None:
+        if max(self.devices) > 1 and "vectorized" not in self.impls:
+            raise ValueError("--devices: above 1 splits only the vectorized step: add vectorized to --impl")
 
 
 def _batches(key, k: int, pop: int, batch: int, obs_dim: int, action_dim: int) -> Transition:
@@ -197,7 +222,7 @@ def measure(pop: int, *, k: int = 1, hidden: Sequence[int] = (256, 256), batch_s
     return out
 
 
-def plot(payload: dict[str, Any], path) -> Any:
+def plot_shared_critic(payload: dict[str, Any], path) -> Any:
     plt = common.pyplot()
     measured = [r for r in payload["results"] if "skipped" not in r]
     by_devices: dict[int, list[dict[str, Any]]] = {}
@@ -247,44 +272,30 @@ def plot(payload: dict[str, Any], path) -> Any:
     return common.save_figure(fig, path, payload["machine"])
 
 
-def run(pops: Sequence[int] = (1, 2, 4, 8), repeats: int = 10, out_dir: str = "benchmarks/results", *, k: int = 1,
-        hidden: Sequence[int] = (256, 256), batch_size: int = 256, obs_dim: int = 17, action_dim: int = 6,
-        impls: Sequence[str] = IMPLS, min_time: float = 1.0, seed: int = 0, make_plot: bool = True,
-        devices: Sequence[int] = (1,)) -> dict[str, Any]:
+def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     """Times one shared-critic population update step vs N; writes ``<out_dir>/shared_critic.json`` and ``.png``.
 
-    Args:
-      pops: population sizes N.
-      repeats: minimum number of timed calls per point (after 2 warm-up calls).
-      out_dir: output directory (or a ``.json`` path).
-      k: update steps per compiled call (time per step = call time / k).
-      hidden, batch_size, obs_dim, action_dim: problem sizes (paper: 256x256, 256, HalfCheetah 17/6).
-      impls: subset of ``vectorized``, ``sequential``, ``sequential_loop``.
-      min_time: minimum seconds of timed calls per point and implementation.
-      seed: PRNG seed of the synthetic problem.
-      make_plot: also write the PNG.
-      devices: device counts the vectorized step is split over (one row per N and count; an N
-        that does not divide over a count is recorded as skipped).
+    ``options``: an ``Options`` (``pops``, ``devices``, ``impls``, ``k`` steps per call, ``hidden``,
+    ``batch_size``, ``repeats`` (minimum timed calls per point), ``min_time``, ``seed``, ...);
+    ``overrides``: any of its fields. ``devices``: device counts the vectorized step is split over
+    (one row per N and count; an N that does not divide over a count is recorded as skipped).
 
     Returns:
       The JSON payload: ``machine`` (CPU, devices, jax version, load), ``params``, ``results``
-      (one dict per N and device count: ``<impl>_step_s`` medians, means, compile times,
-      ``speedup_vs_<impl>``, ``devices``).
+      (one dict per N and device count: ``<impl>_step_s`` medians, IQRs, means, compile times,
+      ``speedup_vs_<impl>``, ``devices``, ``layer_gflops``), the sitting (``busy``, ``ceilings``).
 
     Raises:
-      ValueError: unknown implementations, or more devices than JAX can provide.
+      ValueError: bad options, a busy machine, or more devices than JAX can provide.
     """
-    unknown = sorted(set(impls) - set(IMPLS))
-    if unknown:
-        raise ValueError(f"unknown implementation(s) {unknown}; allowed: {', '.join(IMPLS)}")
-    if not impls:
-        raise ValueError(f"no implementation to time; choose from {', '.join(IMPLS)}")
-    devices = list(devices)
-    if max(devices) > 1 and "vectorized" not in impls:
-        raise ValueError("--devices above 1 splits only the vectorized step: add vectorized to --impl")
+    o = Options.build(options, overrides)
+    pops, repeats, k, hidden, batch_size, impls = o.pops, o.repeats, o.k, o.hidden, o.batch_size, o.impls
+    min_time, seed, devices = o.min_time, o.seed, list(o.devices)
+    obs_dim, action_dim = OBS_DIM, ACTION_DIM
     common.request_devices(devices)
     started = common.utc_now()
-    load_before = common.load_average()
+    sitting = common.Sitting(allow_busy=o.allow_busy, wait_quiet=o.wait_quiet, repeats=repeats, min_time=min_time,
+                             seed=seed)
     params = {"pops": list(pops), "devices": devices, "repeats": repeats, "k": k, "hidden": list(hidden),
               "batch_size": batch_size, "obs_dim": obs_dim, "action_dim": action_dim, "impls": list(impls),
               "min_time": min_time, "seed": seed, "policy_delay": 1}
@@ -296,9 +307,10 @@ def run(pops: Sequence[int] = (1, 2, 4, 8), repeats: int = 10, out_dir: str = "b
                 common.log(f"shared_critic N={n} d={d}: skipped ({reason})")
                 results.append({"pop": n, "k": k, "devices": d, "skipped": reason})
                 continue
+            layer = sitting.layer(n, batch_size, max(hidden), d)
             results.append(measure(n, k=k, hidden=hidden, batch_size=batch_size, obs_dim=obs_dim,
                                    action_dim=action_dim, impls=impls, min_repeats=repeats, min_time=min_time,
-                                   seed=seed, devices=d))
+                                   seed=seed, devices=d) | {"layer_gflops": layer})
     notes = ["time per population update step (1 shared-critic update + N actor updates), median of timed "
              "calls / k; compile time separate; all implementations timed in the same process",
              "sequential = original CEM-RL order (per member: its critic updates, then its actor updates); "
@@ -309,21 +321,16 @@ def run(pops: Sequence[int] = (1, 2, 4, 8), repeats: int = 10, out_dir: str = "b
              "devices > 1: only the vectorized step is split over the devices (actors split, critic replicated); "
              "the sequential references run on one device",
              "no PyTorch baseline: the paper's Fig. 4 baseline is PyTorch sequential on a GPU"]
-    payload = common.study_payload(STUDY, params, results, started, notes, load_before=load_before,
-                                   load_after=common.load_average())
-    json_path, png_path = common.output_paths(out_dir, STUDY)
+    payload = common.study_payload(STUDY, params, results, started, notes, **sitting.record())
+    json_path, png_path = common.output_paths(o.out_dir, STUDY)
     common.write_json(json_path, payload)
-    if make_plot:
-        plot(payload, png_path)
+    if o.plot:
+        plot_shared_critic(payload, png_path)
     common.log(f"wrote {json_path}")
-    payload["paths"] = {"json": str(json_path), "png": str(png_path) if make_plot else None}
+    payload["paths"] = {"json": str(json_path), "png": str(png_path) if o.plot else None}
     return payload
 
 
-def main(args) -> dict[str, Any]:
-    """``popjax bench shared_critic`` (options: ``popjax.bench.add_arguments``)."""
-    return run(pops=common.parse_int_list(args.pop), devices=common.parse_int_list(args.devices),
-               repeats=args.repeats, out_dir=args.out, k=args.k or 1,
-               hidden=tuple(common.parse_int_list(args.hidden)) if args.hidden else (256, 256),
-               batch_size=args.batch_size or 256, impls=[x for x in args.impl.split(",") if x],
-               min_time=args.min_time, seed=args.seed, make_plot=not args.no_plot)
+def main(options: Options) -> dict[str, Any]:
+    """``popjax bench shared_critic``."""
+    return run(options)

@@ -20,7 +20,13 @@ blocks on the program's outputs. Reported:
   collect, learn, evaluation; not the set-up programs ``init`` and ``reset``, which run before
   the loop's clock starts);
 - ``devices`` / ``state_shards``: the device count the population was split over
-  (``RunConfig.devices``) and into how many pieces the final state really is split.
+  (``RunConfig.devices``) and into how many pieces the final state really is split;
+- ``iteration_s`` / ``iteration_iqr_s``: median and IQR of the wall time of the training
+  iterations (from the end of one iteration's compiled call to the end of the next; at least
+  10, the warm-up iterations left out).
+
+The study runs in a ``common.Sitting`` (load check, the dense-matmul peak before and after, and
+the N×[B,h]@[h,h] ceiling of the update's dominant layer at each population size).
 
 Blocking in the timer costs (almost) nothing on the host path: the next collect needs the
 updated policy anyway.
@@ -28,23 +34,55 @@ updated policy anyway.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import math
 import statistics
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 
 from popjax.bench import common
+from popjax.bench import options as opt
 from popjax.bench.common import log
 
 STUDY = "train"
 SETUP_PROGRAMS = ("init", "reset")  # compiled, but run before the loop's wall clock starts
+MIN_ITERATIONS = 10  # timed training iterations per point
+
+
+def _learners():
+    from popjax.learners import LEARNERS
+
+    return LEARNERS
+
+
+@dataclasses.dataclass(frozen=True)
+class Options(opt.StudyOptions):
+    """``popjax bench train`` (and ``train.run(...)``)."""
+
+    STUDY: ClassVar[str] = STUDY
+    envs: tuple[str, ...] = opt.names(("gym:HalfCheetah-v5", "brax:halfcheetah"), "comma-separated env names",
+                                      flag="--env", check=opt.env_check())
+    learner: str = opt.text("td3", "the learner", allowed=_learners, what=" learner")
+    pops: tuple[int, ...] = opt.ints((1, 4, 16), "population sizes, comma-separated", flag="--pop")
+    env_steps: int = opt.integer(3000, "env steps per member")
+    warmup: int = opt.integer(500, "random warm-up env steps per member", ge=0)
+    rollout_len: int = opt.integer(50, "env steps per env per iteration (K)")
+    batch_size: int = opt.integer(256, "batch size")
+    hidden: tuple[int, ...] | None = opt.ints(None, "hidden sizes (default: the learner's, 256,256)")
+
+    def check(self) -> None:
+        iterations = math.ceil(self.env_steps / self.rollout_len)
+        timed = iterations - max(1, math.ceil(self.warmup / self.rollout_len))
+        if timed < MIN_ITERATIONS:
+            raise ValueError(f"--env-steps: {self.env_steps} env steps with --warmup {self.warmup} and --rollout-len "
+                             f"{self.rollout_len} give {timed} timed training iterations; at least {MIN_ITERATIONS} "
+                             "are needed")
 
 
 class CallTimer:
@@ -64,6 +102,12 @@ class CallTimer:
             return out
 
         return timed
+
+    def iteration_times(self, name: str, skip: int = 0) -> list[float]:
+        """Wall time of each iteration after the first ``skip``: from the end of one ``name`` call to the end
+        of the next (the iteration's host work and its compiled call)."""
+        ends = [e for n, _, e in self.spans if n == name]
+        return [b - a for a, b in zip(ends[max(0, skip - 1):], ends[max(1, skip):], strict=False)]
 
     def steady_state(self, name: str, subtract: float = 0.0, skip: int = 0) -> dict[str, float] | None:
         """Share of time in ``name`` calls between the end of its first call and the end of its last.
@@ -114,9 +158,11 @@ def run_one(env: str, learner: str, pop: int, env_steps: int, warmup: int, rollo
     sums = {name: sum(ts) for name, ts in timer.times.items()}
     warmup_calls = 0
     collect_only = None
+    warmup_iterations = math.ceil(warmup / rollout_len)
     if "learn" in timer.times:  # host path
         update_s = sums["learn"]
         steady = timer.steady_state("learn")
+        iterations = timer.iteration_times("learn", warmup_iterations)
     else:  # JAX path: collect+update in one call; subtract the collect-only (warm-up) call time
         calls = timer.times.get("iteration", [])
         warmup_calls = min(len(calls), math.ceil(warmup / rollout_len))  # envs_per_member is 1
@@ -124,6 +170,8 @@ def run_one(env: str, learner: str, pop: int, env_steps: int, warmup: int, rollo
         training = calls[warmup_calls:]
         update_s = max(0.0, sum(training) - collect_only * len(training))
         steady = timer.steady_state("iteration", subtract=collect_only, skip=warmup_calls)
+        iterations = timer.iteration_times("iteration", warmup_iterations)
+    iteration = common.summarize(iterations) if iterations else None
     compiled_s = sum(t for name, t in sums.items() if name not in SETUP_PROGRAMS)
     total_steps = pop * s["env_steps"]
     return {
@@ -132,6 +180,8 @@ def run_one(env: str, learner: str, pop: int, env_steps: int, warmup: int, rollo
         "wall_s": wall, "compile_s": s["compile_s"], "total_s": total_s,
         "env_steps_per_s": total_steps / wall, "env_steps_per_s_incl_compile": total_steps / total_s,
         "env_steps_per_s_steady": None if steady is None else pop * rollout_len / steady["s_per_iteration"],
+        "iteration_s": iteration and iteration["median_s"], "iteration_iqr_s": iteration and iteration["iqr_s"],
+        "iterations_timed": len(iterations),
         "update_s": update_s, "update_fraction_overall": update_s / wall,
         "update_fraction": None if steady is None else steady["fraction"], "steady_state": steady,
         "warmup_calls": warmup_calls, "collect_only_s": collect_only,
@@ -142,18 +192,20 @@ def run_one(env: str, learner: str, pop: int, env_steps: int, warmup: int, rollo
     }
 
 
-def run(envs=("gym:HalfCheetah-v5", "brax:halfcheetah"), learner="td3", pops=(1, 4, 16), env_steps=3000,
-        warmup=500, rollout_len=50, batch_size=256, hidden=None, out_dir=common.DEFAULT_OUT, seed=0,
-        plot=True, devices=(1,)) -> dict[str, Any]:
+def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     """Runs the study and writes ``<out_dir>/train.json`` (and ``.png``); returns the payload.
 
     ``devices``: device counts the population is split over (``RunConfig.devices``), one row
     per count; a population that does not divide is recorded as skipped.
     """
-    devices = list(devices)
+    o = Options.build(options, overrides)
+    envs, learner, pops, env_steps, warmup = o.envs, o.learner, o.pops, o.env_steps, o.warmup
+    rollout_len, batch_size, hidden, seed = o.rollout_len, o.batch_size, o.hidden, o.seed
+    devices = list(o.devices)
     common.request_devices(devices)
     started = common.utc_now()
-    load_before = common.load_average()
+    sitting = common.Sitting(allow_busy=o.allow_busy, wait_quiet=o.wait_quiet, seed=seed)
+    width = max(hidden or _learners()[learner].config_cls().hidden) if learner in ("td3", "sac") else None
     results = []
     with tempfile.TemporaryDirectory(prefix="popjax-bench-train-") as tmp:
         for env in envs:
@@ -164,9 +216,10 @@ def run(envs=("gym:HalfCheetah-v5", "brax:halfcheetah"), learner="td3", pops=(1,
                     if pop % d:
                         row["skipped"] = f"{pop} members do not divide over {d} devices"
                     else:
+                        layer = width and sitting.layer(pop, batch_size, width, d)
                         try:
                             row = run_one(env, learner, pop, env_steps, warmup, rollout_len, batch_size, hidden,
-                                          seed, Path(tmp), devices=d)
+                                          seed, Path(tmp), devices=d) | {"layer_gflops": layer}
                             frac = row["update_fraction"]
                             log(f"  {where}: {row['env_steps_per_s']:8.0f} env steps/s, "
                                 f"{'?' if frac is None else f'{100 * frac:.0f}'}% of wall time in the compiled "
@@ -180,9 +233,13 @@ def run(envs=("gym:HalfCheetah-v5", "brax:halfcheetah"), learner="td3", pops=(1,
               "env_steps_per_member": env_steps, "warmup_steps": warmup, "rollout_len": rollout_len,
               "updates_per_iter": rollout_len, "batch_size": batch_size, "hidden": list(hidden or (256, 256)),
               "seed": seed, "driver": "independent", "eval": "one deterministic episode per member at the end"}
-    payload = common.study_payload(STUDY, params, results, started, load_before=load_before,
-                                   load_after=common.load_average())
-    return common.write_study(out_dir, STUDY, payload, plot_train, plot)
+    payload = common.study_payload(STUDY, params, results, started, **sitting.record())
+    return common.write_study(o.out_dir, STUDY, payload, plot_train, o.plot)
+
+
+def main(options: Options) -> dict[str, Any]:
+    """``popjax bench train``."""
+    return run(options)
 
 
 def plot_train(payload: dict[str, Any], path) -> Any:
@@ -206,12 +263,3 @@ def plot_train(payload: dict[str, Any], path) -> Any:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     return common.save_figure(fig, path, payload["machine"])
-
-
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    return run(envs=[x for x in args.env.split(",") if x], learner=args.learner.split(",")[0],
-               pops=common.parse_int_list(args.pop), devices=common.parse_int_list(args.devices),
-               env_steps=args.env_steps, warmup=args.warmup,
-               rollout_len=args.rollout_len, batch_size=args.batch_size or 256,
-               hidden=common.parse_int_list(args.hidden) if args.hidden else None, out_dir=args.out,
-               seed=args.seed, plot=not args.no_plot)

@@ -19,17 +19,17 @@ devices with a NamedSharding); the sequential baselines run on one device.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from popjax.bench import common
+from popjax.bench import options as opt
 from popjax.bench.common import log
 from popjax.learners import LEARNERS
 from popjax.population.tree import broadcast, member
@@ -38,6 +38,30 @@ from popjax.types import EnvSpec, Transition
 STUDY = "update"
 IMPLS = ("vmap", "vmap_scan", "jax_seq", "torch_seq")
 DEFAULT_POPS = (1, 2, 4, 8, 16, 32, 64)
+PROBLEMS = ("td3", "sac", "dqn")  # learners with the paper's timing shapes (``problem``)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options(opt.StudyOptions):
+    """``popjax bench update`` (and ``update.run(...)``)."""
+
+    STUDY: ClassVar[str] = STUDY
+    learners: tuple[str, ...] = opt.names(("td3", "sac", "dqn"), "comma-separated learners", flag="--learner",
+                                          allowed=PROBLEMS, what=" learner")
+    pops: tuple[int, ...] = opt.ints(DEFAULT_POPS, "population sizes, comma-separated", flag="--pop")
+    impls: tuple[str, ...] = opt.names(IMPLS, "comma-separated subset of " + ",".join(IMPLS), flag="--impl",
+                                       allowed=IMPLS, what=" implementation")
+    k: int | None = opt.integer(None, "update steps per compiled call of vmap_scan (default: 50 TD3/SAC, 10 DQN)")
+    hidden: tuple[int, ...] | None = opt.ints(None, "override hidden sizes, e.g. 64,64 (DQN: its MLP head)")
+    batch_size: int | None = opt.integer(None, "override the batch size")
+    frame: int = opt.integer(84, "DQN frame side (84 = Atari)", ge=36)
+    torch_threads: tuple[int, ...] = opt.ints((1, 2), "torch.set_num_threads of the PyTorch baseline: one run "
+                                              "per value, the fastest at each N is the baseline")
+    repeats: int = opt.repeats()
+    min_time: float = opt.min_time()
+    max_seconds: float = opt.max_seconds()
+    memory_fit: bool = opt.switch(True, "skip the search of the largest population whose compiled K-step update "
+                                  "fits in the device's memory", flag="--no-memory-fit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,10 +184,8 @@ def scanned_step(learner):
 
 # --- one implementation at one size ---------------------------------------------------------------
 def _timing_kwargs(opts, k: int) -> dict[str, Any]:
-    # K-step calls average K steps each, so fewer calls are needed.
-    if k > 1:
-        return dict(warmup=1, min_repeats=max(2, opts.repeats // 4), min_time=opts.min_time, max_time=opts.max_seconds)
-    return dict(warmup=2, min_repeats=opts.repeats, min_time=opts.min_time, max_time=opts.max_seconds)
+    # Every point gets at least ``opts.repeats`` (>= 10) timed calls, K-step calls included.
+    return dict(warmup=1 if k > 1 else 2, min_repeats=opts.repeats, min_time=opts.min_time)
 
 
 def _ready(call, sync, opts, k: int, **fields) -> dict[str, Any]:
@@ -171,15 +193,15 @@ def _ready(call, sync, opts, k: int, **fields) -> dict[str, Any]:
     kwargs = _timing_kwargs(opts, k)
     for _ in range(kwargs["warmup"]):
         sync(call())
-    return {"call": call, "sync": sync, "steps_per_call": k, "min_repeats": kwargs["min_repeats"], **fields}
+    return {"call": call, "sync": sync, "steps_per_call": k, "min_repeats": kwargs["min_repeats"],
+            "warmup_calls": kwargs["warmup"], **fields}
 
 
 def measure(entries: list[dict[str, Any]], opts) -> list[dict[str, Any]]:
     """Times prepared implementations **interleaved** (one call of each in turn, round-robin), so that
     on a shared machine every implementation sees the same load; returns each entry with ``timing``."""
-    timings = common.time_interleaved(
-        [(e["call"], e["sync"], e["min_repeats"]) for e in entries], min_time=opts.min_time, max_time=opts.max_seconds
-    )
+    timings = common.time_interleaved([(e["call"], e["sync"], e["min_repeats"]) for e in entries],
+                                      min_time=opts.min_time)
     out = []
     for entry, timing in zip(entries, timings, strict=True):
         out.append(
@@ -279,15 +301,16 @@ def prepare_jax_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
     }
 
 
-def prepare_torch_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
-    """PyTorch, one member after another, one step per call (the paper's Torch (Sequential))."""
+def prepare_torch_seq(p: Problem, pop: int, opts, threads: int | None = None) -> dict[str, Any]:
+    """PyTorch, one member after another, one step per call (the paper's Torch (Sequential));
+    ``threads``: ``torch.set_num_threads`` (default: torch's own, the number of cores)."""
     import torch
 
     from popjax.bench import torch_reference as tr
 
     dev = tr.device()
     torch.manual_seed(opts.seed)
-    threads = getattr(opts, "torch_threads", None) or tr.DEFAULT_THREADS
+    threads = threads or tr.DEFAULT_THREADS
     _, hp1 = make_learner(p)
     hp = tr.hparams_dict(hp1)
     batch = jax.device_get(synthetic_batches(p, None, pop, opts.seed))
@@ -336,6 +359,7 @@ def _record(p: Problem, impl: str, pop: int, devices: int, out: dict[str, Any]) 
         "devices": devices,
         "steps_per_call": k,
         "ms_per_pop_step": 1e3 * t["median_s"] / k,
+        "ms_per_pop_step_iqr": 1e3 * t["iqr_s"] / k,
         "ms_per_pop_step_mean": 1e3 * t["mean_s"] / k,  # paper-style mean (after dropping warm-up calls)
         "ms_per_member_step": 1e3 * t["median_s"] / k / pop,
         "compile_s": compile_s,
@@ -347,6 +371,106 @@ def _record(p: Problem, impl: str, pop: int, devices: int, out: dict[str, Any]) 
 def _skip(p: Problem, impl: str, pop: int, devices: int, reason: str) -> dict[str, Any]:
     log(f"  {p.learner} {impl:9s} N={pop:3d} d={devices}: skipped ({reason})")
     return {"learner": p.learner, "impl": impl, "pop": pop, "devices": devices, "skipped": reason}
+
+
+def add_throughput(rows: list[dict[str, Any]], peak_gflops: float | None, layer_gflops: float | None) -> None:
+    """GFLOP/s of the vmap / vmap_scan rows of one (learner, N, devices) point, against the ceilings.
+
+    FLOPs per population step come from XLA's cost analysis of the 1-step program (``vmap``); when only
+    ``vmap_scan`` ran, from the K-step program, whose ``scan`` body XLA counts once (one step).
+    """
+    vectorized = [r for r in rows if r["impl"] in ("vmap", "vmap_scan")]
+    counts = {r["impl"]: r.get("xla_flops_per_call") for r in vectorized}
+    flops = counts.get("vmap") or counts.get("vmap_scan")
+    for r in vectorized:
+        r["xla_flops_per_pop_step"] = flops
+        r["gflops"] = None if not flops else flops / (r["ms_per_pop_step"] / 1e3) / 1e9
+        r["peak_gflops"] = peak_gflops
+        r["layer_gflops"] = layer_gflops
+        r["fraction_of_peak"] = None if not (r["gflops"] and peak_gflops) else r["gflops"] / peak_gflops
+        r["fraction_of_layer"] = None if not (r["gflops"] and layer_gflops) else r["gflops"] / layer_gflops
+
+
+# --- the largest population that fits in memory ------------------------------------------------------
+def _abstract_args(p: Problem, pop: int, k: int):
+    """``(keys, state, batches, hparams)`` of the K-step update as shapes only: nothing is allocated."""
+    learner, hparams1 = make_learner(p)
+    hparams = jax.eval_shape(lambda: jax.tree.map(jnp.asarray, broadcast(hparams1, pop)))
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), (k, pop)))
+    state = jax.eval_shape(lambda key, hp: jax.vmap(learner.init)(jax.random.split(key, pop), hp),
+                           jax.random.key(0), hparams)
+    batches = jax.eval_shape(lambda: _batch_maker(p)(jax.random.key(0), k, pop))
+    return keys, state, batches, hparams
+
+
+@functools.cache
+def population_memory(p: Problem, pop: int, k: int | None = None) -> dict[str, Any]:
+    """Memory of the compiled K-step update ``jit(scan(vmap(update)))`` at ``pop`` members (state donated),
+    from XLA's memory analysis of a program compiled for shapes only (nothing is run or allocated; cached:
+    the same program always has the same analysis)."""
+    learner, _ = make_learner(p)
+    args = _abstract_args(p, pop, k or p.k)
+    compiled = jax.jit(scanned_step(learner), donate_argnums=(1,)).lower(*args).compile()
+    nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+    return {"pop": pop, "program_bytes": common.program_bytes(compiled), "state_bytes": nbytes(args[1]),
+            "batches_bytes": nbytes(args[2]), "xla_memory": common.memory_analysis(compiled)}
+
+
+def largest_population(p: Problem, k: int | None = None, limit_bytes: int | None = None,
+                       max_pop: int = 1 << 20, precision: float = 1 / 64) -> dict[str, Any]:
+    """The largest population whose compiled K-step update fits in the device's memory.
+
+    The update's memory is XLA's analysis of the compiled program (``common.program_bytes``:
+    arguments + outputs + temporaries - aliased; the population state is an argument, donated, so
+    the new state reuses its buffers and it counts once), compared with ``limit_bytes`` (default
+    ``common.device_memory_limit()``: the device's ``bytes_limit``, on a CPU the available RAM).
+    Search: N = 1, 2, 4, ... until one does not fit (or ``max_pop``), then bisection until the
+    bracket is within ``precision`` of its lower end. Compilation only: nothing runs out of memory.
+    """
+    k = k or p.k
+    source = "given"
+    if limit_bytes is None:
+        limit_bytes, source = common.device_memory_limit()
+    out: dict[str, Any] = {"learner": p.learner, "k": k, "limit_bytes": limit_bytes, "limit_source": source,
+                           "counted": "XLA memory analysis of the compiled K-step update: arguments (population "
+                           "state, hparams, K batches, keys) + outputs + temporaries - aliased (the donated "
+                           "state), compiled for shapes only", "tried": []}
+    if limit_bytes is None:
+        return out | {"largest_pop": None, "reason": source}
+    start = time.perf_counter()
+
+    def fits(pop: int) -> bool:
+        row = dict(population_memory(p, pop, k))
+        if row["program_bytes"] is None:
+            raise LookupError("this backend gives no memory analysis of compiled programs")
+        row["fits"] = row["program_bytes"] <= limit_bytes
+        out["tried"].append(row)
+        return row["fits"]
+
+    try:
+        lo, hi = 0, None
+        pop = 1
+        while hi is None and lo < max_pop:
+            if fits(pop):
+                lo, pop = pop, min(2 * pop, max_pop)
+            else:
+                hi = pop
+        while hi is not None and hi - lo > max(1, int(lo * precision)):
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+    except LookupError as err:
+        return out | {"largest_pop": None, "reason": str(err)}
+    best = next((r for r in reversed(out["tried"]) if r["pop"] == lo), None)
+    out |= {"largest_pop": lo, "first_too_large": hi, "capped_at_max_pop": hi is None,
+            "program_bytes": best and best["program_bytes"], "state_bytes": best and best["state_bytes"],
+            "precision": precision, "search_s": time.perf_counter() - start}
+    log(f"  {p.learner}: largest population that fits: N = {lo} "
+        f"({(best['program_bytes'] if best else 0) / 2**30:.2f} GiB of {limit_bytes / 2**30:.2f} GiB, {source}; "
+        f"{len(out['tried'])} compilations)")
+    return out
 
 
 def add_ratios(results: list[dict[str, Any]]) -> None:
@@ -368,33 +492,17 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
             r[f"speedup_vs_{name}"] = None if ref is None else ref / r["ms_per_pop_step"]
 
 
-def run(
-    learners=("td3", "sac", "dqn"),
-    pops=DEFAULT_POPS,
-    devices=(1,),
-    impls=IMPLS,
-    out_dir=common.DEFAULT_OUT,
-    hidden=None,
-    batch_size=None,
-    k=None,
-    frame=84,
-    repeats=10,
-    min_time=1.0,
-    max_seconds=120.0,
-    seed=0,
-    torch_threads=None,
-    plot=True,
-) -> dict[str, Any]:
-    """Runs the study and writes ``<out_dir>/update.json`` and ``update.png``; returns the payload."""
-    opts = argparse.Namespace(
-        repeats=repeats, min_time=min_time, max_seconds=max_seconds, seed=seed, torch_threads=torch_threads
-    )
+def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
+    """Runs the study and writes ``<out_dir>/update.json`` and ``update.png``; returns the payload.
+
+    ``options``: an ``Options`` (the command line's); ``overrides``: any of its fields, e.g.
+    ``run(learners=("td3",), pops=(1, 4))``.
+    """
+    o = Options.build(options, overrides)
+    learners, pops, devices, impls = o.learners, o.pops, o.devices, list(o.impls)
+    max_seconds = o.max_seconds
     started = common.utc_now()
-    impls = list(impls)
-    unknown = sorted(set(impls) - set(IMPLS))
-    if unknown:
-        raise ValueError(f"--impl: unknown implementation(s) {', '.join(unknown)} (allowed: {', '.join(IMPLS)})")
-    problems = [problem(name, hidden, batch_size, k, frame) for name in learners]  # names checked before timing
+    problems = [problem(name, o.hidden, o.batch_size, o.k, o.frame) for name in learners]
     common.request_devices(devices)
     notes: list[str] = []
     if "torch_seq" in impls:
@@ -403,23 +511,22 @@ def run(
         if not tr.available():
             notes.append(f"torch_seq skipped: {tr.TORCH_ERROR}")
             log(f"WARNING: {notes[-1]}")
-    load_before = common.load_average()
-    thread_counts = (
-        [None]
-        if torch_threads is None
-        else ([torch_threads] if isinstance(torch_threads, int) else list(torch_threads))
-    )
+    sitting = common.Sitting(allow_busy=o.allow_busy, wait_quiet=o.wait_quiet, repeats=o.repeats,
+                             min_time=o.min_time, seed=o.seed)
+    peak = sitting.ceilings["dense_matmul"]["before"]["gflops"]
+    thread_counts = list(o.torch_threads)
     results: list[dict[str, Any]] = []
+    memory_fit: dict[str, Any] = {}
     params = {
         "learners": list(learners),
         "pops": list(pops),
         "devices": list(devices),
         "impls": impls,
         "torch_threads": thread_counts,
-        "repeats": repeats,
-        "min_time_s": min_time,
+        "repeats": o.repeats,
+        "min_time_s": o.min_time,
         "max_seconds": max_seconds,
-        "seed": seed,
+        "seed": o.seed,
         "problems": {
             p.learner: {
                 "obs_shape": p.spec.obs_shape,
@@ -430,23 +537,26 @@ def run(
             }
             for p in problems
         },
-        "statistic": "median of timed calls after warm-up, divided by steps per call",
-        "baselines": "torch_seq = PyTorch sequential K=1 (paper's baseline; with several thread counts the fastest "
-        "is the baseline); jax_seq = jitted single-member update called member after member, K=1",
+        "statistic": "median (and IQR) of at least `repeats` timed calls after warm-up, K-step calls included, "
+        "divided by steps per call",
+        "baselines": "torch_seq = PyTorch sequential K=1 (paper's baseline; one run per thread count, the fastest "
+        "at each N is the baseline); jax_seq = jitted single-member update called member after member, K=1",
+        "ceilings": "dense matmul peak (2048² f32) before and after the study; N×[B,h]@[h,h] (B = batch, h = the "
+        "widest hidden layer) measured just before each TD3/SAC point; DQN has none (its dominant work is the "
+        "convolutions)",
     }
-    json_path, png_path = common.output_paths(out_dir, STUDY)
+    json_path, png_path = common.output_paths(o.out_dir, STUDY)
 
-    def write(plot: bool) -> dict[str, Any]:
-        payload = common.study_payload(
-            STUDY, params, results, started, notes, load_before=load_before, load_after=common.load_average()
-        )
+    def write(plot: bool, final: bool = False) -> dict[str, Any]:
+        extra = sitting.record(final)
+        payload = common.study_payload(STUDY, params, results, started, notes, memory_fit=memory_fit, **extra)
         common.write_json(json_path, payload)
         if plot:
             plot_update(payload, png_path)
         return payload
 
     for p in problems:
-        last: dict[tuple, tuple[int, float]] = {}  # (impl, devices, threads) -> (pop, seconds of timed calls)
+        last: dict[tuple, tuple[int, float, int]] = {}  # (impl, devices, threads) -> (pop, s per call, warm-up)
         for pop in pops:
             variants = []
             for d in devices:
@@ -467,46 +577,63 @@ def run(
                     results.append(_skip(p, impl, pop, d, "PyTorch not installed"))
                     continue
                 prev = last.get((impl, d, threads))
-                estimate = None if prev is None else prev[1] * pop / prev[0]
-                if estimate is not None and estimate > max_seconds:
-                    reason = f"estimated {estimate:.0f}s of timed calls > --max-seconds {max_seconds:.0f}"
-                    results.append(_skip(p, impl, pop, d, reason + (f" ({threads} threads)" if threads else "")))
-                    continue
+                if prev is not None:
+                    estimate = common.estimated_seconds(prev[1], pop / prev[0], repeats=o.repeats,
+                                                        min_time=o.min_time, warmup=prev[2])
+                    if estimate > max_seconds:
+                        reason = (f"estimated {estimate:.0f}s for warm-up and {o.repeats} timed calls > --max-seconds "
+                                  f"{max_seconds:.0f}")
+                        results.append(_skip(p, impl, pop, d, reason + (f" ({threads} threads)" if threads else "")))
+                        continue
                 if impl == "vmap":
-                    entry = prepare_vmap(p, pop, d, 1, opts)
+                    entry = prepare_vmap(p, pop, d, 1, o)
                 elif impl == "vmap_scan":
-                    entry = prepare_vmap(p, pop, d, p.k, opts)
+                    entry = prepare_vmap(p, pop, d, p.k, o)
                 elif impl == "jax_seq":
-                    entry = prepare_jax_seq(p, pop, opts)
+                    entry = prepare_jax_seq(p, pop, o)
                 else:
-                    entry = prepare_torch_seq(p, pop, argparse.Namespace(**{**vars(opts), "torch_threads": threads}))
+                    entry = prepare_torch_seq(p, pop, o, threads)
                 prepared.append((impl, d, threads, entry))
             if not prepared:
                 continue
+            layer = {}  # the dominant layer's ceiling at this N, measured just before the point
+            if p.learner in ("td3", "sac"):
+                for d in dict.fromkeys(d for impl, d, _, _ in prepared if impl.startswith("vmap")):
+                    layer[d] = sitting.layer(pop, p.batch_size, max(p.config.hidden), d)
             start = time.perf_counter()
-            outs = measure([entry for *_, entry in prepared], opts)
+            outs = measure([entry for *_, entry in prepared], o)
             spent = time.perf_counter() - start
+            point = []
             for (impl, d, threads, _), out in zip(prepared, outs, strict=True):
                 timing = out["timing"]  # execution time only (compile excluded): it scales with N
-                last[(impl, d, threads)] = (
-                    pop,
-                    sum(timing["times_s"]) + timing["median_s"] * (1 if out["steps_per_call"] > 1 else 2),
-                )
+                last[(impl, d, threads)] = (pop, timing["median_s"], out["warmup_calls"])
                 rec = _record(p, impl, pop, d, out)
                 results.append(rec)
+                point.append(rec)
                 log(
                     f"  {p.learner} {impl:9s} N={pop:3d} d={d}: {rec['ms_per_pop_step']:9.3f} ms/pop-step"
+                    f" (IQR {rec['ms_per_pop_step_iqr']:.3f})"
                     + (f"  compile {rec['compile_s']:.2f}s" if rec["compile_s"] is not None else "")
                     + (f"  threads {threads}" if threads else "")
                     + f"  ({timing['repeats']} calls)"
                 )
+            for d in devices:
+                add_throughput([r for r in point if r["devices"] == d], peak, layer.get(d))
             log(f"  {p.learner} N={pop}: {len(prepared)} implementations timed interleaved in {spent:.0f}s")
             add_ratios(results)
             write(plot=False)  # partial results survive an interrupted run
+    if o.memory_fit:
+        for p in problems:
+            memory_fit[p.learner] = largest_population(p)
     add_ratios(results)
-    payload = write(plot=plot)
-    log(f"wrote {common.output_paths(out_dir, STUDY)[0]}")
+    payload = write(plot=o.plot, final=True)
+    log(f"wrote {json_path}")
     return payload
+
+
+def main(options: Options) -> dict[str, Any]:
+    """``popjax bench update``."""
+    return run(options)
 
 
 def _label(r: dict[str, Any]) -> str:
@@ -543,23 +670,3 @@ def plot_update(payload: dict[str, Any], path: Path) -> Path:
             if ax.get_legend_handles_labels()[0]:  # the speed-up panel is empty when only torch ran
                 ax.legend(fontsize=7)
     return common.save_figure(fig, path, payload["machine"])
-
-
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    return run(
-        learners=[x for x in args.learner.split(",") if x],
-        pops=common.parse_int_list(args.pop),
-        devices=common.parse_int_list(args.devices),
-        impls=[x for x in args.impl.split(",") if x],
-        out_dir=args.out,
-        hidden=common.parse_int_list(args.hidden) if args.hidden else None,
-        batch_size=args.batch_size,
-        k=args.k,
-        frame=args.frame,
-        repeats=args.repeats,
-        min_time=args.min_time,
-        max_seconds=args.max_seconds,
-        seed=args.seed,
-        torch_threads=common.parse_int_list(args.torch_threads) if args.torch_threads else None,
-        plot=not args.no_plot,
-    )
