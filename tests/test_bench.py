@@ -585,3 +585,21 @@ def test_torch_dqn_matches_jax_dqn():
         state, metrics = step_fn(jax.random.key(0), state, batch, hp)
         out = member.update(tr.batch_to_torch(batch, "cpu", channels_first=True))
         assert _close(metrics["loss"], out["loss"], 1e-3), step
+
+
+def test_train_compares_overlap_off_and_on_on_the_gym_path(tmp_path):
+    """Both modes at the same point; the overlap row carries its share and its speed-up over the other."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)  # the study adds the acting device itself
+    argv = [sys.executable, "-m", "popjax.cli", "bench", "train", "--env", "gym:Pendulum-v1", "--pop", "2",
+            "--overlap", "off,on", "--env-steps", "130", "--warmup", "20", "--rollout-len", "10", "--batch-size", "8",
+            "--hidden", "8", "--out", str(tmp_path), "--no-plot", "--allow-busy"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "train.json").read_text())["results"]
+    assert [r["overlap"] for r in rows] == [False, True] and all("skipped" not in r for r in rows)
+    off, on = rows
+    assert on["updates"] == off["updates"] and on["env_steps_per_member"] == off["env_steps_per_member"] == 130
+    assert on["speedup"] > 0 and 0 <= on["overlap_share"] <= 1
+    text = report.write_report(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "| overlap |" in text or "overlap" in text

@@ -163,7 +163,7 @@ def check_args(args: argparse.Namespace):
     _writable("--out", json_path)
     if options.plot:
         _writable("--out", png_path)
-    common.request_devices(options.devices)
+    common.request_devices(options.devices_needed())
     return options
 
 

@@ -99,6 +99,10 @@ class BaseOptions:
     def check(self) -> None:
         """Checks involving several options (a study overrides it); ``ValueError``, one line."""
 
+    def devices_needed(self) -> list[int]:
+        """The device counts the study uses (forced as host devices before JAX starts, where needed)."""
+        return list(getattr(self, "devices", (1,)))
+
     @classmethod
     def build(cls, options: BaseOptions | None = None, overrides: dict[str, Any] | None = None):
         """``options`` (or the defaults) with ``overrides`` applied; ``TypeError`` for an option the study lacks."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import statistics
 import tempfile
@@ -75,6 +76,12 @@ class Options(opt.StudyOptions):
     rollout_len: int = opt.integer(50, "env steps per env per iteration (K)")
     batch_size: int = opt.integer(256, "batch size")
     hidden: tuple[int, ...] | None = opt.ints(None, "hidden sizes (default: the learner's, 256,256)")
+    overlap: tuple[str, ...] = opt.names(("off",), "overlap modes to compare on gym envs (off, on): acting overlapped "
+                                                   "with the update (RunConfig.overlap)", allowed=("off", "on"))
+
+    def devices_needed(self) -> list[int]:
+        """Overlap acts on a device of its own: one more than the most the population is split over."""
+        return list(self.devices) + ([max(self.devices) + 1] if "on" in self.overlap else [])
 
     def check(self) -> None:
         iterations = math.ceil(self.env_steps / self.rollout_len)
@@ -86,16 +93,23 @@ class Options(opt.StudyOptions):
 
 
 class CallTimer:
-    """``popjax.loop.Compiler.call_wrapper``: times every compiled call by name, blocking on its outputs."""
+    """``popjax.loop.Compiler.call_wrapper``: times every compiled call by name, blocking on its outputs.
 
-    def __init__(self):
+    ``block=False`` (overlap runs) records when each call returns without waiting for its
+    outputs: blocking on the update would undo the overlap being measured.
+    """
+
+    def __init__(self, block: bool = True):
+        self.block = block
         self.times: dict[str, list[float]] = defaultdict(list)
         self.spans: list[tuple[str, float, float]] = []
 
     def __call__(self, name: str, compiled):
         def timed(*args):
             start = time.perf_counter()
-            out = jax.block_until_ready(compiled(*args))
+            out = compiled(*args)
+            if self.block:
+                out = jax.block_until_ready(out)
             end = time.perf_counter()
             self.times[name].append(end - start)
             self.spans.append((name, start, end))
@@ -140,18 +154,20 @@ def timing_hook(timer: CallTimer):
 
 
 def run_one(env: str, learner: str, pop: int, env_steps: int, warmup: int, rollout_len: int, batch_size: int,
-            hidden, seed: int, work_dir: Path, devices: int = 1) -> dict[str, Any]:
+            hidden, seed: int, work_dir: Path, devices: int = 1, overlap: bool = False) -> dict[str, Any]:
     from popjax.experiment import train
 
     options = dict(learner=learner, env=env, pop_size=pop, total_env_steps=env_steps, warmup_steps=warmup,
                    rollout_len=rollout_len, batch_size=batch_size, buffer_size=max(env_steps, batch_size),
-                   eval_interval=env_steps, eval_episodes=1, seed=seed, progress=False, devices=devices)
+                   eval_interval=env_steps, eval_episodes=1, seed=seed, progress=False, devices=devices,
+                   overlap=overlap, preset="none")
     if hidden:
         options["learner_config"] = {"hidden": list(hidden)}
-    timer = CallTimer()
+    timer = CallTimer(block=not overlap)
     start = time.perf_counter()
     with timing_hook(timer):
-        run = train(out_dir=work_dir / f"{env.replace(':', '_')}-{learner}-{pop}-d{devices}", **options)
+        name = f"{env.replace(':', '_')}-{learner}-{pop}-d{devices}" + ("-overlap" if overlap else "")
+        run = train(out_dir=work_dir / name, **options)
     total_s = time.perf_counter() - start
     s = run.summary
     wall = s["wall_s"]
@@ -176,6 +192,7 @@ def run_one(env: str, learner: str, pop: int, env_steps: int, warmup: int, rollo
     total_steps = pop * s["env_steps"]
     return {
         "env": env, "learner": learner, "pop": pop, "devices": devices, "state_shards": common.shards(run.state),
+        "overlap": overlap if not env.startswith(("brax:", "probe:")) else None,
         "env_steps_per_member": s["env_steps"], "updates": s["updates"],
         "wall_s": wall, "compile_s": s["compile_s"], "total_s": total_s,
         "env_steps_per_s": total_steps / wall, "env_steps_per_s_incl_compile": total_steps / total_s,
@@ -202,7 +219,8 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     envs, learner, pops, env_steps, warmup = o.envs, o.learner, o.pops, o.env_steps, o.warmup
     rollout_len, batch_size, hidden, seed = o.rollout_len, o.batch_size, o.hidden, o.seed
     devices = list(o.devices)
-    common.request_devices(devices)
+    common.request_devices(o.devices_needed())
+    modes = lambda env: o.overlap if env.startswith("gym:") else ("off",)  # JAX envs fuse acting and learning
     started = common.utc_now()
     sitting = common.Sitting(allow_busy=o.allow_busy, wait_quiet=o.wait_quiet, seed=seed)
     width = max(hidden or _learners()[learner].config_cls().hidden) if learner in ("td3", "sac") else None
@@ -210,16 +228,16 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="popjax-bench-train-") as tmp:
         for env in envs:
             for d in devices:
-                for pop in pops:
+                for pop, mode in itertools.product(pops, modes(env)):
                     row = {"env": env, "learner": learner, "pop": pop, "devices": d}
-                    where = f"{env} {learner} pop {pop:3d} d={d}"
+                    where = f"{env} {learner} pop {pop:3d} d={d}" + (" overlap" if mode == "on" else "")
                     if pop % d:
                         row["skipped"] = f"{pop} members do not divide over {d} devices"
                     else:
                         layer = width and sitting.layer(pop, batch_size, width, d)
                         try:
                             row = run_one(env, learner, pop, env_steps, warmup, rollout_len, batch_size, hidden,
-                                          seed, Path(tmp), devices=d) | {"layer_gflops": layer}
+                                          seed, Path(tmp), devices=d, overlap=mode == "on") | {"layer_gflops": layer}
                             frac = row["update_fraction"]
                             log(f"  {where}: {row['env_steps_per_s']:8.0f} env steps/s, "
                                 f"{'?' if frac is None else f'{100 * frac:.0f}'}% of wall time in the compiled "
@@ -229,12 +247,31 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
                     if "skipped" in row:
                         log(f"  {where}: skipped ({row['skipped']})")
                     results.append(row)
+    add_overlap_shares(results)
     params = {"envs": list(envs), "learner": learner, "pops": list(pops), "devices": devices,
+              "overlap": list(o.overlap),
               "env_steps_per_member": env_steps, "warmup_steps": warmup, "rollout_len": rollout_len,
               "updates_per_iter": rollout_len, "batch_size": batch_size, "hidden": list(hidden or (256, 256)),
               "seed": seed, "driver": "independent", "eval": "one deterministic episode per member at the end"}
     payload = common.study_payload(STUDY, params, results, started, **sitting.record())
     return common.write_study(o.out_dir, STUDY, payload, plot_train, o.plot)
+
+
+def add_overlap_shares(results: list[dict[str, Any]]) -> None:
+    """On each overlap row: ``overlap_share``, the share of its iteration time in which env stepping and the
+    update ran at once, ``(rollout + update - overlapped iteration) / overlapped iteration``, with the rollout
+    and update times of the same point without overlap; and ``speedup`` of its steady env steps/s over it."""
+    for row in results:
+        base = next((r for r in results if r.get("overlap") is False and "skipped" not in r and
+                     (r["env"], r["pop"], r["devices"]) == (row["env"], row["pop"], row["devices"])), None)
+        if not row.get("overlap") or "skipped" in row or base is None or not base.get("iteration_s"):
+            continue
+        update = base["calls"]["learn"]["median_s"]
+        rollout = base["iteration_s"] - update
+        together = row["steady_state"]["s_per_iteration"] if row.get("steady_state") else row["iteration_s"]
+        row["overlap_share"] = max(0.0, rollout + update - together) / together
+        row["speedup"] = (row["env_steps_per_s_steady"] or row["env_steps_per_s"]) / \
+            (base["env_steps_per_s_steady"] or base["env_steps_per_s"])
 
 
 def main(options: Options) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from popjax.bench import common
 from popjax.bench import options as opt
 from popjax.bench.common import log
 from popjax.learners import LEARNERS
+from popjax.learners.base import chunk_update
 from popjax.population.tree import broadcast, member
 from popjax.types import EnvSpec, Transition
 
@@ -112,9 +113,18 @@ def problem(
 
 @functools.cache
 def make_learner(p: Problem):
-    """``(learner, single-member default hparams)``, cached so jitted helpers compile once per problem."""
+    """``(learner, single-member default hparams)``, cached so jitted helpers compile once per problem.
+
+    The config is specialized as ``popjax.train`` does for a population whose members share the
+    default hparams (TD3: its policy delay is fixed, so the K-step program does no discarded actor
+    work); the 1-step program uses ``update``, the traced gate.
+    """
     definition = LEARNERS[p.learner]
-    return definition.make(p.config, p.spec), definition.default_hparams(p.config)
+    hparams = definition.default_hparams(p.config)
+    config = p.config
+    if definition.specialize is not None:
+        config = definition.specialize(config, broadcast(hparams, 1), p.k, frozenset())
+    return definition.make(config, p.spec), hparams
 
 
 @functools.cache
@@ -169,15 +179,15 @@ def vmapped_step(learner):
 
 
 def scanned_step(learner):
-    """K steps per call: ``scan`` over ``[K, pop, ...]`` batches and keys, ``vmap`` inside."""
-    v_update = jax.vmap(learner.update)
+    """K steps per call: ``scan`` over ``[K, pop, ...]`` batches and keys in the learner's chunks (as
+    popjax's drivers run them), ``vmap`` over members inside."""
+    chunk = learner.chunk
+    v_chunk = jax.vmap(chunk_update(learner), in_axes=(1, 0, 1, 0))
 
     def step(keys, state, batches, hparams):
-        def body(s, xs):
-            k, b = xs
-            return v_update(k, s, b, hparams)
-
-        return jax.lax.scan(body, state, (keys, batches))
+        k = keys.shape[0]
+        chunks = jax.tree.map(lambda x: x.reshape((k // chunk, chunk) + x.shape[1:]), (keys, batches))
+        return jax.lax.scan(lambda s, xs: v_chunk(xs[0], s, xs[1], hparams), state, chunks)
 
     return step
 
@@ -251,12 +261,16 @@ def prepare_vmap(p: Problem, pop: int, devices: int, k: int, opts, reuse: bool =
 
         entry = _ready(call, common.block, opts, k)
     flops = common.cost_flops(compiled)
+    # XLA counts a scan body once: the K-step program's count is one chunk of the learner's updates.
+    steps_counted = 1 if k == 1 else learner.chunk
     return entry | {
         "compile": compile_times,
         "memory": mem.result(),
         "xla_memory": common.memory_analysis(compiled),
         # With d devices XLA's cost analysis describes the partitioned (per-device) program.
         "xla_flops_per_call": None if flops is None else flops * devices,
+        "xla_flops_per_step": None if flops is None else flops * devices / steps_counted,
+        "chunk": steps_counted,
     }
 
 
@@ -376,14 +390,14 @@ def _skip(p: Problem, impl: str, pop: int, devices: int, reason: str) -> dict[st
 def add_throughput(rows: list[dict[str, Any]], peak_gflops: float | None, layer_gflops: float | None) -> None:
     """GFLOP/s of the vmap / vmap_scan rows of one (learner, N, devices) point, against the ceilings.
 
-    FLOPs per population step come from XLA's cost analysis of the 1-step program (``vmap``); when only
-    ``vmap_scan`` ran, from the K-step program, whose ``scan`` body XLA counts once (one step).
+    FLOPs per population step come from XLA's cost analysis of each row's own program: the 1-step
+    program (``vmap``, TD3's traced delay gate: it computes the actor step on every update) or one chunk
+    of the K-step program (``vmap_scan``: XLA counts the scan body, one chunk, once), divided by the
+    chunk's updates. So both count the work they do, and TD3's chunked updates do no discarded work.
     """
     vectorized = [r for r in rows if r["impl"] in ("vmap", "vmap_scan")]
-    counts = {r["impl"]: r.get("xla_flops_per_call") for r in vectorized}
-    flops = counts.get("vmap") or counts.get("vmap_scan")
     for r in vectorized:
-        r["xla_flops_per_pop_step"] = flops
+        r["xla_flops_per_pop_step"] = flops = r.get("xla_flops_per_step")
         r["gflops"] = None if not flops else flops / (r["ms_per_pop_step"] / 1e3) / 1e9
         r["peak_gflops"] = peak_gflops
         r["layer_gflops"] = layer_gflops

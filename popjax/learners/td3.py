@@ -173,7 +173,8 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
             return state.replace(critic=critic, critic_opt=critic_opt, steps=state.steps + 1), (critic_loss, q.mean())
 
         head = jax.tree.map(lambda x: x[:-1], (keys, batches))
-        state, (critic_losses, q_means) = jax.lax.scan(critic_only, state, head)
+        # unrolled: d - 1 is small, and XLA's cost analysis then counts every step (it counts a loop body once)
+        state, (critic_losses, q_means) = jax.lax.scan(critic_only, state, head, unroll=True)
         batch = jax.tree.map(lambda x: x[-1], batches)
         critic, critic_opt, critic_loss, q = critic_update(keys[-1], state, batch, hp)
         actor, actor_opt, actor_loss = actor_update(state, critic, batch, hp)
