@@ -55,7 +55,7 @@ bench: $(STAMP)
 	$(BENCH) compile --learner td3,sac --pop 1,4,16,64 $(QUIET)
 	$(BENCH) envstep --gym HalfCheetah-v5,Hopper-v5,Walker2d-v5,Ant-v5,Humanoid-v5 --brax halfcheetah --pop 1,4,16 \
 		$(QUIET)
-	$(BENCH) train --env gym:HalfCheetah-v5 --pop 1,4,16 --env-steps 1000 --warmup 250 $(QUIET)
+	$(BENCH) train --env gym:HalfCheetah-v5 --pop 1,4,16 --overlap off,on --env-steps 1000 --warmup 250 $(QUIET)
 	$(BENCH) train --env brax:halfcheetah --pop 4 --env-steps 1000 --warmup 250 $(QUIET) --out $(RESULTS)/train_brax.json
 	$(BENCH) shared_critic --pop 1,2,4,8,16 $(QUIET)
 	$(BENCH) drivers --devices 1,2 $(QUIET)
