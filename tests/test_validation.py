@@ -378,6 +378,7 @@ def test_bench_help_lists_the_studies(capsys):
     (["update", "--out", "{file}/deeper"], "--out: {file} is an existing file, not a directory"),
     (["update", "--out", "{dir}/update.json"], "--out: {dir}/update.json is a directory"),
     (["update", "--out", "{tmp}/mine.json"], "--out: {tmp}/mine.json exists and is not a popjax benchmark result"),
+    (["update", "--out", "{tmp}/theirs.json"], "--out: {tmp}/theirs.png exists and is not a popjax benchmark result"),
     (["update", "--out", "/proc/popjax"], "--out: /proc is not writable"),
     (["report", "--results", "{tmp}/none"], "--results: {tmp}/none is not a directory"),
 ])
@@ -389,6 +390,7 @@ def test_bench_checks_its_options_before_timing_anything(argv, message, tmp_path
         IMPLS=getattr(real(study), "IMPLS", ()), main=lambda args: pytest.fail("a study ran")))
     (tmp_path / "file").write_text("keep\n")
     (tmp_path / "mine.json").write_text('{"my": "data"}\n')
+    (tmp_path / "theirs.png").write_bytes(b"a picture")  # no study result beside it
     (tmp_path / "dir" / "update.json").mkdir(parents=True)
     fill = lambda s: s.replace("{file}", str(tmp_path / "file")).replace("{dir}", str(tmp_path / "dir")).replace(
         "{tmp}", str(tmp_path))

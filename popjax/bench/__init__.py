@@ -124,7 +124,8 @@ def _writable(flag: str, path: Path) -> None:
         raise ValueError(f"{flag}: {path} is a directory; give a directory for the results or a .json path")
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{flag}: {path} is not writable")
-    if path.exists() and not _is_bench_result(path):
+    # An existing file is replaced only when it is a study's own output: its JSON, or the plot beside it.
+    if path.exists() and not _is_bench_result(path.with_suffix(".json")):
         raise ValueError(f"{flag}: {path} exists and is not a popjax benchmark result; popjax does not overwrite it")
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
