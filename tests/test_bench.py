@@ -374,6 +374,17 @@ def test_the_targets_file_drives_the_report_verdicts(tmp_path):
     assert list(verdicts.values())[:4] == ["**missed**", "**missed**", "**met**", "**met**"], verdicts
 
 
+def test_report_replaces_its_own_results_file(tmp_path):
+    from popjax import cli
+
+    output = tmp_path / "RESULTS.md"
+    assert cli.main(["bench", "report", "--results", str(tmp_path), "--output", str(output)]) == 0
+    first = output.read_text()
+    assert first.startswith("# popjax benchmark results\n") and "No results yet" in first
+    assert cli.main(["bench", "report", "--results", str(tmp_path), "--output", str(output)]) == 0
+    assert output.read_text() == first
+
+
 def test_report_refuses_a_malformed_targets_file(tmp_path, capsys):
     from popjax import cli
 

@@ -381,6 +381,8 @@ def test_bench_help_lists_the_studies(capsys):
     (["update", "--out", "{tmp}/theirs.json"], "--out: {tmp}/theirs.png exists and is not a popjax benchmark result"),
     (["update", "--out", "/proc/popjax"], "--out: /proc is not writable"),
     (["report", "--results", "{tmp}/none"], "--results: {tmp}/none is not a directory"),
+    (["report", "--results", "{tmp}", "--output", "{tmp}/notes.md"],
+     "--output: {tmp}/notes.md exists and is not a popjax benchmark result"),
 ])
 def test_bench_checks_its_options_before_timing_anything(argv, message, tmp_path, capsys, monkeypatch):
     from popjax import bench
@@ -391,6 +393,7 @@ def test_bench_checks_its_options_before_timing_anything(argv, message, tmp_path
     (tmp_path / "file").write_text("keep\n")
     (tmp_path / "mine.json").write_text('{"my": "data"}\n')
     (tmp_path / "theirs.png").write_bytes(b"a picture")  # no study result beside it
+    (tmp_path / "notes.md").write_text("# my notes\n")  # not a report
     (tmp_path / "dir" / "update.json").mkdir(parents=True)
     fill = lambda s: s.replace("{file}", str(tmp_path / "file")).replace("{dir}", str(tmp_path / "dir")).replace(
         "{tmp}", str(tmp_path))

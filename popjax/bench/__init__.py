@@ -118,14 +118,31 @@ def _is_bench_result(path: Path) -> bool:
     return isinstance(data, dict) and {"study", "machine"} <= set(data)
 
 
+REPORT_HEADING = "# popjax benchmark results"  # the first line of every RESULTS.md `bench report` writes
+
+
+def _is_bench_report(path: Path) -> bool:
+    """A Markdown file ``bench report`` wrote (it starts with its heading)."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            return f.readline().rstrip("\n") == REPORT_HEADING
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _is_own_output(path: Path) -> bool:
+    """A file a study or the report wrote: a study's JSON, the plot beside it, or a report."""
+    return _is_bench_result(path.with_suffix(".json")) or _is_bench_report(path)
+
+
 def _writable(flag: str, path: Path) -> None:
     """``path`` can be written: not a directory, its nearest existing ancestor a writable directory."""
     if path.is_dir():
         raise ValueError(f"{flag}: {path} is a directory; give a directory for the results or a .json path")
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{flag}: {path} is not writable")
-    # An existing file is replaced only when it is a study's own output: its JSON, or the plot beside it.
-    if path.exists() and not _is_bench_result(path.with_suffix(".json")):
+    # An existing file is replaced only when popjax wrote it: a study's JSON, the plot beside it, a report.
+    if path.exists() and not _is_own_output(path):
         raise ValueError(f"{flag}: {path} exists and is not a popjax benchmark result; popjax does not overwrite it")
     parent = path.parent
     while not parent.exists() and parent != parent.parent:

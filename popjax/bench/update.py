@@ -11,7 +11,8 @@ device, the implementations timed in the same process are:
   step per call, dispatch is asynchronous, we block once per population step);
 - ``torch_seq``: the same networks and losses in PyTorch (``torch_reference``), one member
   after another, one step per call — the paper's baseline (skipped with a message when
-  PyTorch is not installed).
+  PyTorch is not installed). TD3's timed call is one policy-delay period of such steps (its
+  cost alternates between critic-only and critic+actor steps), divided by the period.
 
 ``vmap``/``vmap_scan`` run once per requested device count (the member axis split over the
 devices with a NamedSharding); the sequential baselines run on one device.
@@ -353,11 +354,15 @@ def prepare_torch_seq(p: Problem, pop: int, opts, threads: int | None = None) ->
                 for _ in range(pop)
             ]
 
+        # A TD3 step costs twice as much every policy_delay-th step (it adds the actor update), so one
+        # timed call is a whole period of steps: a median of single steps would land in either mode.
+        period = int(hp["policy_delay"]) if p.learner == "td3" else 1
+
         def call():
             torch.set_num_threads(threads)  # per call: implementations are timed interleaved
-            return [m.update(b) for m, b in zip(members, batches, strict=True)]
+            return [[m.update(b) for m, b in zip(members, batches, strict=True)] for _ in range(period)]
 
-        entry = _ready(call, lambda _: tr.synchronize(dev), opts, 1)
+        entry = _ready(call, lambda _: tr.synchronize(dev), opts, period)
     return entry | {"compile": None, "memory": mem.result(), "torch_device": dev, "torch_threads": threads}
 
 
