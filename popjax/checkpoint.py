@@ -28,6 +28,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from popjax.distributed import fetch
 from popjax.types import PyTree
 
 
@@ -56,7 +57,7 @@ def flatten(tree: PyTree) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
     for i, leaf in enumerate(jax.tree.leaves(tree)):
         if _is_key(leaf):
             raise TypeError("PRNG keys must not be checkpointed (derive them from the seed instead)")
-        a = np.asarray(jax.device_get(leaf))
+        a = np.asarray(fetch(leaf))  # gathered from every process when split over several
         sigs.append({"shape": list(a.shape), "dtype": a.dtype.str, "crc32": _crc(a)})
         if a.size:  # orbax cannot store empty arrays; they are rebuilt from the signature
             arrays[f"{i:05d}"] = a

@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue a killed or finished run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--no-progress", action="store_true")
+    for command in (train, resume):
+        _add_job_arguments(command)
 
     plot = sub.add_parser("plot", help="(re)draw the plots of a run directory")
     plot.add_argument("run_dir", type=Path)
@@ -103,6 +105,38 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Speed benchmarks; each study writes JSON and a plot.")
     bench_module.add_arguments(bench)
     return parser
+
+
+def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of a multi-process run (one process per machine, started with the same command)."""
+    job = parser.add_argument_group("several processes (machines); see README 'Many machines'")
+    job.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0, where the job meets")
+    job.add_argument("--num-processes", type=int, metavar="P", help="number of processes in the job")
+    job.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 to P-1")
+    job.add_argument("--distributed", action="store_true",
+                     help="join a job described by the cluster scheduler's environment (e.g. SLURM's srun)")
+    job.add_argument("--timeout", type=int, default=None, metavar="SECONDS",
+                     help="give up when a process has not joined, or stopped answering, for this long (default 120)")
+
+
+def _join_job(args: argparse.Namespace) -> None:
+    """Joins the multi-process job the flags describe (before JAX starts); nothing for a single process."""
+    from popjax import distributed
+
+    if not (args.distributed or args.coordinator or args.num_processes is not None or args.process_id is not None):
+        if args.timeout is not None:
+            raise ConfigError("timeout: only for a run over several processes (--coordinator or --distributed)")
+        return
+    place = distributed.JobPlace(args.coordinator, args.num_processes, args.process_id,
+                                 args.timeout if args.timeout is not None else distributed.DEFAULT_TIMEOUT_S)
+    if args.distributed and args.coordinator is not None:
+        raise ConfigError("distributed: give either --distributed (the scheduler's environment) or --coordinator, "
+                          "--num-processes and --process-id")
+    try:
+        place.check()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    distributed.initialize(place)
 
 
 def _describe_train(parser: argparse.ArgumentParser) -> None:
@@ -247,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # --help (0), or a usage error already printed as one line (2)
         return exit_.code if isinstance(exit_.code, int) else 0
     try:
+        if args.command in ("train", "resume"):
+            _join_job(args)
         if args.command == "train":
             from popjax.experiment import train
 

@@ -6,10 +6,12 @@ is written or compiled; the training itself is ``popjax.loop.Loop``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
 
+from popjax import distributed
 from popjax.checkpoint import Checkpointer, CheckpointMismatch
 from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config
 from popjax.drivers import DRIVERS
@@ -46,6 +48,7 @@ def build(config: RunConfig) -> Loop:
     if config.overlap and registry.is_jax_env(config.env):
         raise ConfigError(f"overlap: only the gymnasium path steps envs on the host; on {config.env} acting and "
                           "learning are already one compiled call")
+    _check_processes(config)
     if config.overlap:
         reserve_acting_device(config.devices)  # before anything starts JAX
     definition = LEARNERS[config.learner]
@@ -116,9 +119,11 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
     out_dir = Path(out_dir)
     check_new_run(out_dir, overwrite)
     loop = build(config)
-    run_dir = RunDir(out_dir, tensorboard=config.tensorboard)
-    with RunLock(out_dir):
-        start_run(run_dir)
+    distributed.barrier("popjax-checked")  # every process has checked out_dir before process 0 writes
+    run_dir = RunDir(out_dir, tensorboard=config.tensorboard, writes=distributed.is_writer())
+    with _writer_lock(out_dir):
+        if run_dir.writes:
+            start_run(run_dir)
         run_dir.write_config(config.to_dict())
         loop.run_dir, loop.checkpointer = run_dir, _checkpointer(run_dir)
         return _finish(loop, *loop.initial_state())
@@ -152,12 +157,14 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
     rd = RunDir(run_dir)
     config = make_config(**{**rd.read_config(), **overrides})
     loop = build(config)
-    rd.tensorboard = config.tensorboard
-    with RunLock(rd.path):
+    distributed.barrier("popjax-read")  # every process has read the run before process 0 changes it
+    rd.tensorboard, rd.writes = config.tensorboard, distributed.is_writer()
+    with _writer_lock(rd.path):
         loop.run_dir, loop.checkpointer = rd, _checkpointer(rd)
         meta = loop.checkpointer.latest_meta()
         if meta is not None and "config" in meta:
             _check_fits(config, meta["config"], rd.path, loop.checkpointer)
+            _check_same_processes(meta, rd.path, loop.checkpointer)
         try:
             restored = loop.restore_checkpoint()
         except CheckpointMismatch as err:
@@ -176,7 +183,8 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
             loop.checkpointer.close()
             return Run(rd.path, rd.read_summary(), restored[0])  # finished: nothing to do, nothing written
         else:
-            _drop_partial_metrics_row(rd)
+            if rd.writes:
+                _drop_partial_metrics_row(rd)
             rd.truncate_metrics(loop.counters(restored[0])[0])
         if overrides:
             rd.write_config(config.to_dict())
@@ -201,6 +209,32 @@ def _check_fits(config: RunConfig, saved: dict[str, Any], path: Path, checkpoint
         detail = "; ".join(f"{n}: {current.get(n)!r} vs {saved.get(n)!r} in the checkpoints" for n in differ)
         raise ConfigError(f"resume: the configuration of {path} differs from the run's checkpoints ({detail}); "
                           f"only {', '.join(CHANGEABLE_ON_RESUME)} may change; nothing was changed")
+
+
+def _check_processes(config: RunConfig) -> None:
+    """Over several processes the population is split over every device of the job."""
+    import jax
+
+    if distributed.processes() > 1:
+        if config.devices != jax.device_count():
+            raise ConfigError(f"devices: a run over {distributed.processes()} processes uses every device of the job: "
+                              f"set devices to {jax.device_count()} (got {config.devices})")
+        if config.overlap:
+            raise ConfigError("overlap: not available in a run over several processes")
+
+
+def _check_same_processes(meta: dict[str, Any], path: Path, checkpointer: Checkpointer) -> None:
+    """A run resumes with the number of processes that wrote its checkpoints."""
+    saved, now = int(meta.get("processes", 1)), distributed.processes()
+    if saved != now:
+        checkpointer.close()
+        raise ConfigError(f"resume: the checkpoints of {path} were written by {saved} process(es); resume it with "
+                          f"{saved}, not {now}; nothing was changed")
+
+
+def _writer_lock(path: Path):
+    """The run's lock, held by the process that writes (process 0); nothing on the others."""
+    return RunLock(path) if distributed.is_writer() else contextlib.nullcontext()
 
 
 def plot_run(run_dir) -> list[Path]:
@@ -242,7 +276,8 @@ def _finish(loop: Loop, state, env_state) -> Run:
         loop.checkpointer.close()
         summary = loop.summary(state)
         loop.run_dir.write_summary(summary)
-        plot_run(loop.run_dir.path)
+        if loop.run_dir.writes:
+            plot_run(loop.run_dir.path)
     finally:
         if not loop.runner.jax_path:
             loop.runner.close()

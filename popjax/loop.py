@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from popjax.config import RunConfig
+from popjax.distributed import fetch, processes
 from popjax.drivers.base import Driver, Episodes, Rollout
 from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
@@ -260,7 +261,7 @@ class Loop:
                 return self.runner.evaluate(key, self.local.policy, state, self._actor_ids(spec), spec.episodes)
 
             program = self.placement.program(evaluate, (False, self.axes), out_axes)
-            return np.asarray(self.compiler("evaluate", program, key, state)(key, state))
+            return fetch(self.compiler("evaluate", program, key, state)(key, state))
         policy = self.placement.program(self.local.policy, (self.axes, out_axes), out_axes)
         compiler = self.compiler
         compiled = lambda actor, obs: compiler("policy", policy, actor, obs)(actor, obs)
@@ -276,13 +277,13 @@ class Loop:
             program = self.compiler("after_eval", self.driver.after_eval, key, state, returns_device, donate=(1,),
                                     out_shardings=(self.state_shardings, None))
             state, info = program(key, state, returns_device)
-            info = jax.device_get(info)
+            info = fetch(info)
         return state, info
 
     # --- the loop ------------------------------------------------------------------------------
     def counters(self, state) -> tuple[int, int]:
         """``(env_steps, updates)`` per member, read from the state."""
-        counters = jax.device_get(state.counters)
+        counters = fetch(state.counters)
         return int(counters.env_steps), int(counters.updates)
 
     def run(self, state, env_state):
@@ -336,7 +337,8 @@ class Loop:
     # --- checkpoints (exact resume) -------------------------------------------------------------
     def save_checkpoint(self, state, env_state) -> None:
         """Everything needed to continue after this iteration (keys are re-derived from the seed)."""
-        meta = {"config": self.config.to_dict(), "iteration": self.iteration, "wall_s": self.wall_s,
+        meta = {"config": self.config.to_dict(), "processes": processes(), "iteration": self.iteration,
+                "wall_s": self.wall_s,
                 "compile_s": self.compiler.compile_s,
                 "history": [[_json_float(v) for v in r.tolist()] for r in self.history],
                 "driver": self.driver.host.state_dict()}

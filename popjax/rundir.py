@@ -9,6 +9,7 @@ lets one process at a time write a run (``.popjax-lock`` with the owner's pid).
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -34,15 +35,26 @@ OUTPUT_PATTERNS = {"checkpoints": ("[0-9]*", "damaged-*", "*.orbax-checkpoint-tm
                    "tensorboard": ("events.out.tfevents.*",)}
 
 
+def _writing(method):
+    """A RunDir method that writes: skipped where the RunDir does not write (``writes=False``)."""
+    @functools.wraps(method)
+    def write(self, *args, **kwargs):
+        return method(self, *args, **kwargs) if self.writes else None
+
+    return write
+
+
 class RunDir:
     """One run's files; every write is atomic or append-only, so a kill loses nothing written.
 
-    Constructing it touches nothing on disk: the directory is created by the first write.
+    Constructing it touches nothing on disk: the directory is created by the first write. With
+    ``writes=False`` (the processes besides process 0 of a multi-process run) every write is skipped.
     """
 
-    def __init__(self, path: str | os.PathLike, tensorboard: bool = False):
+    def __init__(self, path: str | os.PathLike, tensorboard: bool = False, writes: bool = True):
         self.path = Path(path)
         self.tensorboard = tensorboard
+        self.writes = writes
         self._tensorboard = None
 
     def _ensure(self) -> None:
@@ -57,6 +69,7 @@ class RunDir:
         """A directory popjax created for a run (it carries the mark)."""
         return (self.path / MARKER).is_file()
 
+    @_writing
     def write_config(self, config: Mapping[str, Any]) -> None:
         self._ensure()
         _atomic_write(self.path / "config.yaml", yaml.safe_dump(dict(config), sort_keys=False))
@@ -75,6 +88,7 @@ class RunDir:
             raise ConfigError(f"run_dir: {path} holds no configuration (empty or cut?); nothing was changed")
         return data
 
+    @_writing
     def append_metrics(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Appends rows (fsynced). Columns seen for the first time (e.g. learner metrics, which
         start after warm-up) extend the header: the file is then rewritten atomically with
@@ -123,6 +137,7 @@ class RunDir:
         with self.metrics_path.open(newline="") as f:
             return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
 
+    @_writing
     def truncate_metrics(self, max_env_steps: int) -> None:
         """Drops rows logged after ``max_env_steps`` (used by resume to avoid duplicates)."""
         if not self.metrics_path.exists():
@@ -144,6 +159,7 @@ class RunDir:
             os.fsync(f.fileno())
         os.replace(tmp, self.metrics_path)
 
+    @_writing
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         self._ensure()
         _atomic_write(self.path / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")

@@ -313,10 +313,10 @@ def section_update(p: dict[str, Any]) -> list[str]:
               f"{p['params'].get('repeats', '?')} timed calls after warm-up, ÷ K for K-step calls; speed-ups are "
               "against **PyTorch sequential, one step per call** (the paper's baseline; the fastest of the thread "
               f"counts {p['params'].get('torch_threads')}; for TD3 a timed call is one policy-delay period of such "
-              "steps, since every policy_delay-th step also updates the actor) and **JAX sequential** (the same jitted single-member "
-              "update called member after member), measured in the same process. GFLOP/s: XLA's FLOP count of "
-              "the 1-step program ÷ time; 'ceiling': N independent [B,h]@[h,h] products (the update's dominant "
-              "layer) measured just before the point.", ""]
+              "steps, since every policy_delay-th step also updates the actor) and **JAX sequential** (the same "
+              "jitted single-member update called member after member), measured in the same process. GFLOP/s: "
+              "XLA's FLOP count of the 1-step program ÷ time; 'ceiling': N independent [B,h]@[h,h] products "
+              "(the update's dominant layer) measured just before the point.", ""]
     notes = p.get("notes") or []
     lines += [f"> {n}" for n in notes] + ([""] if notes else [])
     res = [r for r in p["results"] if "skipped" not in r]

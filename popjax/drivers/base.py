@@ -38,6 +38,7 @@ import numpy as np
 from flax import struct
 
 from popjax.config import RunConfig
+from popjax.distributed import fetch
 from popjax.population.hparams import hparams_table
 from popjax.population.members import Members
 from popjax.schema import Schema, validate
@@ -247,7 +248,7 @@ class DriverDef:
 def member_rows(returns: np.ndarray, hparams, metrics: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
     """One row per member: ``member``, ``eval_return``, its hparams and its metrics."""
     table = hparams_table(hparams)
-    metrics = {name: np.asarray(values) for name, values in metrics.items()}  # one transfer per metric
+    metrics = fetch(dict(metrics))  # one transfer per metric
     rows = []
     for m, ret in enumerate(np.asarray(returns).tolist()):
         row = {"member": m, "eval_return": ret}

@@ -49,6 +49,7 @@ from pydantic import Field, ValidationInfo, model_validator
 from popjax import plots
 from popjax.buffers import Buffer, BufferState, make_uniform_buffer
 from popjax.config import ConfigError
+from popjax.distributed import fetch
 from popjax.drivers import cem
 from popjax.drivers.base import (
     BuildContext,
@@ -167,7 +168,7 @@ class CEMRLHost(DriverHost):
         self.mean_returns.append([int(env_steps), float(returns[0])])
 
     def rows(self, state, metrics, returns) -> list[dict[str, Any]]:
-        s = jax.device_get((state.fitness, state.cem.var, state.cem.cov_noise, state.cem.generation,
+        s = fetch((state.fitness, state.cem.var, state.cem.cov_noise, state.cem.generation,
                             state.env_steps_total))
         fitness, var, cov_noise, generation, total = s
         common = {"generation": int(generation), "env_steps_total": int(total),
@@ -175,7 +176,7 @@ class CEMRLHost(DriverHost):
                   "fitness_mean": float(np.mean(fitness)), "fitness_std": float(np.std(fitness)),
                   "cem_std_mean": float(np.mean(np.sqrt(var))), "cov_noise": float(cov_noise)}
         table = hparams_table(state.hparams)
-        metrics = {name: np.asarray(values) for name, values in metrics.items()}
+        metrics = fetch(dict(metrics))
         rows = []
         for m, value in enumerate(np.asarray(fitness).tolist()):
             row = {"member": m, "eval_return": value, **{n: v[m] for n, v in table.items()}, **common}
@@ -189,8 +190,8 @@ class CEMRLHost(DriverHost):
         evals = self.mean_returns
         return {**super().summary(state), "cem_mean_returns": [list(r) for r in evals],
                 "final_return": evals[-1][1] if evals else float("nan"),
-                "final_returns": np.asarray(state.fitness).tolist(),
-                "env_steps_total": int(state.env_steps_total),
+                "final_returns": fetch(state.fitness).tolist(),
+                "env_steps_total": int(fetch(state.env_steps_total)),
                 "metric": "return of the CEM mean actor (best_return, final_return); final_returns = last fitness"}
 
     def state_dict(self) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from pydantic import Field, ValidationInfo, model_validator
 from popjax import plots
 from popjax.buffers import BufferState, make_uniform_buffer
 from popjax.config import ConfigError
+from popjax.distributed import fetch
 from popjax.drivers.base import (
     BuildContext,
     Counters,
@@ -212,7 +213,7 @@ class DvDHost(DriverHost):
             return {**super().summary(state), "dvd_schedule": {
                 "thresholds": [t * s.schedule_scale for t in s.thresholds], "weights": list(s.weights),
                 "indexed_by": "env steps summed over members"}}
-        b = jax.device_get(state.bandit)
+        b = fetch(state.bandit)
         last_best = float(b.last_best)
         return {**super().summary(state), "dvd_bandit": {
             "arms": list(s.bandit_arms), "successes": np.asarray(b.successes).tolist(),

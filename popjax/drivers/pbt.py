@@ -44,6 +44,7 @@ from flax import struct
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from popjax import plots
+from popjax.distributed import fetch
 from popjax.drivers.base import BuildContext, Counters, DriverDef, DriverHost, DriverOptions, run_config
 from popjax.drivers.independent import make_population
 from popjax.population import tree
@@ -372,7 +373,7 @@ class PBTHost(DriverHost):
             })
 
     def summary(self, state) -> dict[str, Any]:
-        record = jax.device_get(state.pbt)
+        record = fetch(state.pbt)
         return {**super().summary(state), "lineage": [dict(e) for e in self.lineage], "pbt": {
             "rounds": int(record.rounds), "last_ready_env_steps": int(record.last_ready),
             "fitness_window": [[_json_float(v) for v in row] for row in np.asarray(record.window).tolist()],

@@ -27,6 +27,7 @@ import numpy as np
 import pydantic
 from flax import struct
 
+from popjax.distributed import fetch
 from popjax.schema import Bool, Float, Invalid, Kind, Number, Schema, convert, fail, problem, show, validate
 from popjax.types import Key
 
@@ -227,7 +228,7 @@ def hparams_table(hparams) -> dict[str, list[float]]:
     def plain(x):  # float32 -> shortest decimal that round-trips (3e-4, not 0.0003000000142)
         return float(f"{x:.7g}") if isinstance(x, float) else x
 
-    return {name: [plain(v) for v in jax.device_get(getattr(hparams, name)).tolist()] for name in hparam_names(hparams)}
+    return {name: [plain(v) for v in fetch(getattr(hparams, name)).tolist()] for name in hparam_names(hparams)}
 
 
 def check_hparams(hparams) -> None:

@@ -1,0 +1,157 @@
+"""Runs over several processes (``jax.distributed``) equal the one-process run on as many devices.
+
+Every job here is 2 processes × 2 forced CPU devices on 127.0.0.1 (CPU collectives over
+loopback, gloo), started as subprocesses of ``tests/distributed_job.py``; the reference is one
+process with 4 forced devices. Every subprocess is bounded in time.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+JOB = str(Path(__file__).with_name("distributed_job.py"))
+LIMIT_S = 240  # any process still running by then is a hang: the test fails
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def start_job(out: Path, mode: str, driver: str, *extra_per_process, timeout_s: int = 30) -> list[subprocess.Popen]:
+    """Starts the 2 processes of a job; ``extra_per_process``: additional argv of process 0, then 1."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = []
+    for i in range(2):
+        extra = list(extra_per_process[i]) if i < len(extra_per_process) else []
+        argv = [sys.executable, JOB, str(out), mode, driver, "--devices", "2", "--job", f"127.0.0.1:{port}", "2",
+                str(i), "--timeout", str(timeout_s), *extra]
+        log = open(out / f"process{i}.{mode}.log", "w")  # noqa: SIM115 - closed with the process
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=_env()))
+    return procs
+
+
+def finish(procs: list[subprocess.Popen], out: Path, mode: str) -> list[int]:
+    deadline = time.monotonic() + LIMIT_S
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"a process of the job hung ({mode}); logs in {out}")
+    return codes
+
+
+def log_of(out: Path, i: int, mode: str) -> str:
+    return (out / f"process{i}.{mode}.log").read_text()
+
+
+def run_job(out: Path, mode: str, driver: str) -> None:
+    codes = finish(start_job(out, mode, driver), out, mode)
+    assert codes == [0, 0], f"{codes}\n{log_of(out, 0, mode)[-3000:]}\n{log_of(out, 1, mode)[-3000:]}"
+
+
+def run_single(out: Path, mode: str, driver: str, devices: int = 4) -> subprocess.CompletedProcess:
+    out.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, JOB, str(out), mode, driver, "--devices", str(devices)],
+                          capture_output=True, text=True, env=_env(), timeout=LIMIT_S)
+
+
+def leaves(out: Path) -> list[np.ndarray]:
+    with np.load(out / "state.npz") as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def assert_same_state(a: Path, b: Path) -> None:
+    """Leaf for leaf: the same programs on the same 4-device split, collectives over loopback instead of
+    between the devices of one process, give the same bits."""
+    left, right = leaves(a), leaves(b)
+    assert len(left) == len(right)
+    for i, (x, y) in enumerate(zip(left, right, strict=True)):
+        np.testing.assert_array_equal(x, y, err_msg=f"leaf {i}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One process, 4 devices: the independent and PBT runs every job is compared with."""
+    outs = {}
+    for driver in ("independent", "pbt"):
+        out = tmp_path_factory.mktemp(f"one-process-{driver}")
+        done = run_single(out, "train", driver)
+        assert done.returncode == 0, done.stderr[-3000:]
+        outs[driver] = out
+    return outs
+
+
+@pytest.mark.parametrize("driver", ["independent", "pbt"])
+def test_two_processes_equal_one_process(driver, reference, tmp_path):
+    run_job(tmp_path, "train", driver)
+    assert_same_state(reference[driver], tmp_path)
+    summary = json.loads((tmp_path / "summary.out.json").read_text())
+    expected = json.loads((reference[driver] / "summary.out.json").read_text())
+    assert summary["final_returns"] == expected["final_returns"]
+    # process 0 wrote the run's files, once; the checkpoints are whole orbax steps
+    run = tmp_path / "run"
+    assert json.loads((run / "summary.json").read_text())["final_returns"] == expected["final_returns"]
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4 * 4  # header + 4 evaluations × 4 members
+    steps = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert steps and all(name.isdigit() for name in steps), steps
+    if driver == "pbt":  # members 0, 1 live on process 0 and 2, 3 on process 1: some copies cross over
+        lineage = summary["lineage"]
+        assert lineage == expected["lineage"]
+        assert any(e["member"] // 2 != e["parent"] // 2 for e in lineage), lineage
+
+
+def test_kill_and_resume_over_two_processes_is_exact(reference, tmp_path):
+    procs = start_job(tmp_path, "train", "independent")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    deadline = time.monotonic() + LIMIT_S
+    while not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no checkpoint before the end"
+        time.sleep(0.05)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    summary = tmp_path / "run" / "summary.json"
+    assert not summary.exists()  # killed before the end
+    run_job(tmp_path, "resume", "independent")
+    assert_same_state(reference["independent"], tmp_path)
+    # another number of processes cannot resume it: one line, nothing changed
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    done = subprocess.run([sys.executable, "-m", "popjax", "resume", str(tmp_path / "run"), "--no-progress"],
+                          capture_output=True, text=True, env=dict(_env(), XLA_FLAGS="--xla_force_host_platform_"
+                                                                         "device_count=4"), timeout=LIMIT_S)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "written by 2 process(es); resume it with 2, not 1" in done.stderr
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+
+
+def test_a_process_that_dies_stops_the_other(tmp_path):
+    start = time.monotonic()
+    procs = start_job(tmp_path, "train", "independent", [], ["--exit-after-join"], timeout_s=5)
+    codes = finish(procs, tmp_path, "train")
+    elapsed = time.monotonic() - start
+    assert codes[1] == 3 and codes[0] != 0, codes
+    assert elapsed < 60, elapsed  # noticed by the heartbeats (5 s here), not a hang
+    log = log_of(tmp_path, 0, "train")
+    assert "another task died" in log, log[-2000:]
+    assert not (tmp_path / "run" / "summary.json").exists()
