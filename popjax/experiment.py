@@ -15,7 +15,7 @@ from popjax import distributed
 from popjax.checkpoint import Checkpointer, CheckpointMismatch
 from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config
 from popjax.drivers import DRIVERS
-from popjax.drivers.base import BuildContext
+from popjax.drivers.base import BuildContext, Rollout
 from popjax.envs import registry
 from popjax.envs.base import make_vec_env
 from popjax.envs.runner import HostRunner, JaxRunner
@@ -86,8 +86,10 @@ def build(config: RunConfig) -> Loop:
     if registry.is_jax_env(config.env):
         runner = JaxRunner(make_vec_env(registry.make_jax_env(config.env)), members, config.envs_per_member)
     else:
-        runner = HostRunner(lambda n, seed: registry.make_host_env(config.env, n, seed), config.pop_size,
-                            config.envs_per_member, config.seed)
+        _check_host_envs_split(config, driver)
+        first, count = placement.local_members(config.pop_size)
+        runner = HostRunner(lambda n, seed, first_env: registry.make_host_env(config.env, n, seed, first_env), count,
+                            config.envs_per_member, config.seed, first)
     return Loop(config, driver, local, runner, placement)
 
 
@@ -221,6 +223,20 @@ def _check_processes(config: RunConfig) -> None:
                               f"set devices to {jax.device_count()} (got {config.devices})")
         if config.overlap:
             raise ConfigError("overlap: not available in a run over several processes")
+
+
+def _check_host_envs_split(config: RunConfig, driver) -> None:
+    """Over several processes each one steps the gymnasium envs of its own members: the members must split
+    evenly over the devices, and the driver must act and evaluate per member."""
+    if distributed.processes() == 1:
+        return
+    if config.pop_size % config.devices:
+        raise ConfigError(f"pop_size: over several processes the gymnasium envs are stepped where their members "
+                          f"live, so pop_size must be a multiple of the {config.devices} devices "
+                          f"(got {config.pop_size})")
+    if not isinstance(driver.interaction, Rollout) or driver.evaluation.actors is not None:
+        raise ConfigError(f"driver: {config.driver} acts with other policies than the members' own, which a run "
+                          "over several processes supports only on JAX envs (probe:, brax:)")
 
 
 def _check_same_processes(meta: dict[str, Any], path: Path, checkpointer: Checkpointer) -> None:

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from popjax.config import RunConfig
-from popjax.distributed import fetch, processes
+from popjax.distributed import fetch, gather_rows, processes
 from popjax.drivers.base import Driver, Episodes, Rollout
 from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
@@ -112,6 +112,7 @@ class Loop:
         self.history: list[np.ndarray] = []  # eval returns per evaluation
         self.checkpointer = None  # a popjax.checkpoint.Checkpointer, set by popjax.experiment
         self.members = placement.members(config.pop_size)  # as seen inside the programs
+        self.local_rows = placement.local_members(config.pop_size)  # this process's members (host path)
         self.axes = driver.member_axes
         self.state_shardings = placement.shardings(jax.eval_shape(driver.init, self.key(KeyPurpose.INIT, 0)),
                                                    self.axes)
@@ -204,6 +205,7 @@ class Loop:
             else:
                 acting = state
             _, experience = self._host_interact(keys[1], self._host_act(), acting)
+            experience = self.placement.from_local(experience)  # several processes: each stepped its members
             learn = self.placement.program(self.local.learn, (False, axes, True), (axes, True))
             learn = self.compiler("learn", learn, keys[2], state, experience, donate=(1,),
                                   out_shardings=(self.state_shardings, None))
@@ -238,10 +240,11 @@ class Loop:
             act = lambda key, t, state, obs: self.driver.act(jax.random.fold_in(key, t), state, obs)
         else:
             act = self.placement.program(self._step_act, (False, False, self.axes, True), True)
-        compiler = self.compiler
+        compiler, placement, rows = self.compiler, self.placement, self.local_rows
 
         def call(key, t, actor, obs):
-            return compiler("act", act, key, t, actor, obs)(key, t, actor, obs)
+            obs = placement.from_local(obs)
+            return placement.to_local(compiler("act", act, key, t, actor, obs)(key, t, actor, obs), rows)
 
         return call
 
@@ -263,10 +266,14 @@ class Loop:
             program = self.placement.program(evaluate, (False, self.axes), out_axes)
             return fetch(self.compiler("evaluate", program, key, state)(key, state))
         policy = self.placement.program(self.local.policy, (self.axes, out_axes), out_axes)
-        compiler = self.compiler
-        compiled = lambda actor, obs: compiler("policy", policy, actor, obs)(actor, obs)
-        actors = self.config.pop_size if spec.actors is None else spec.actors
-        return np.asarray(self.runner.evaluate(key, compiled, state, np.arange(actors), spec.episodes))
+        compiler, placement, rows = self.compiler, self.placement, self.local_rows
+
+        def compiled(actor, obs):
+            obs = placement.from_local(obs)
+            return placement.to_local(compiler("policy", policy, actor, obs)(actor, obs), rows)
+
+        actors = self.local_rows[1] if spec.actors is None else spec.actors
+        return gather_rows(self.runner.evaluate(key, compiled, state, np.arange(actors), spec.episodes))
 
     def after_eval(self, state, returns: np.ndarray):
         """The driver's compiled ``after_eval`` (global: it sees every member), then its host record."""

@@ -1,6 +1,7 @@
 """One process of a test job (``tests/test_distributed.py``): trains or resumes a small run.
 
-    python distributed_job.py OUT train|resume DRIVER [--devices D] [--job HOST:PORT P I] [--exit-after-join]
+    python distributed_job.py OUT train|resume DRIVER [--devices D] [--job HOST:PORT P I] [--env ENV] [--steps N]
+                              [--exit-after-join]
 
 Process 0 (or the single process) saves the final state's leaves to ``OUT/state.npz`` and the
 summary to ``OUT/summary.out.json`` (beside the run directory ``OUT/run``).
@@ -22,6 +23,7 @@ parser.add_argument("--devices", type=int, default=2, help="forced CPU devices o
 parser.add_argument("--job", nargs=3, metavar=("COORDINATOR", "P", "I"))
 parser.add_argument("--timeout", type=int, default=30)
 parser.add_argument("--steps", type=int, default=400)
+parser.add_argument("--env", default="probe:pendulum")
 parser.add_argument("--exit-after-join", action="store_true", help="die right after joining (failure test)")
 args = parser.parse_args()
 jax.config.update("jax_num_cpu_devices", args.devices)
@@ -37,7 +39,7 @@ if args.job:
 
 import popjax  # noqa: E402
 
-CONFIG = dict(learner="td3", env="probe:pendulum", pop_size=4, seed=3, total_env_steps=args.steps, warmup_steps=50,
+CONFIG = dict(learner="td3", env=args.env, pop_size=4, seed=3, total_env_steps=args.steps, warmup_steps=50,
               rollout_len=25, eval_interval=100, checkpoint_interval=50, eval_episodes=1, batch_size=16,
               buffer_size=1000, learner_config={"hidden": [8, 8]}, progress=False, devices=jax.device_count(),
               driver=args.driver)

@@ -69,9 +69,9 @@ def run_job(out: Path, mode: str, driver: str) -> None:
     assert codes == [0, 0], f"{codes}\n{log_of(out, 0, mode)[-3000:]}\n{log_of(out, 1, mode)[-3000:]}"
 
 
-def run_single(out: Path, mode: str, driver: str, devices: int = 4) -> subprocess.CompletedProcess:
+def run_single(out: Path, mode: str, driver: str, devices: int = 4, extra=()) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, JOB, str(out), mode, driver, "--devices", str(devices)],
+    return subprocess.run([sys.executable, JOB, str(out), mode, driver, "--devices", str(devices), *extra],
                           capture_output=True, text=True, env=_env(), timeout=LIMIT_S)
 
 
@@ -155,3 +155,15 @@ def test_a_process_that_dies_stops_the_other(tmp_path):
     log = log_of(tmp_path, 0, "train")
     assert "another task died" in log, log[-2000:]
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_gymnasium_envs_are_stepped_by_each_process_for_its_members(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    gym = ["--env", "gym:Pendulum-v1", "--steps", "200"]
+    done = run_single(one, "train", "independent", extra=gym)
+    assert done.returncode == 0, done.stderr[-3000:]
+    codes = finish(start_job(two, "train", "independent", gym, gym), two, "train")
+    assert codes == [0, 0], log_of(two, 0, "train")[-3000:]
+    assert_same_state(one, two)  # the same envs, seeded by their index in the job, give the same transitions
+    returns = [json.loads((out / "summary.out.json").read_text())["final_returns"] for out in (one, two)]
+    assert returns[0] == returns[1]

@@ -80,12 +80,13 @@ def gym_env_spec(env_id: str) -> EnvSpec:
 class HostVecEnv:
     """``num_envs`` copies of ``gym.make(env_id)`` with explicit auto-reset (see module doc)."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int):
+    def __init__(self, env_id: str, num_envs: int, seed: int, first_env: int = 0):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.env_id = env_id
         self.num_envs = int(num_envs)
         self.seed = int(seed)
+        self.first_env = int(first_env)  # this process's first env in the job's numbering (several processes)
         self.envs = [make_env(env_id) for _ in range(self.num_envs)]
         self.spec: EnvSpec = spec_from_gym_env(env_id, self.envs[0])
         if self.spec.discrete:
@@ -99,8 +100,8 @@ class HostVecEnv:
 
     # ----------------------------------------------------------------------------------------
     def reset(self) -> np.ndarray:
-        """Resets every env (env ``i`` with seed ``seed * 1_000_003 + i``); returns ``[n, *obs_shape]``."""
-        obs = [env.reset(seed=self.seed * SEED_STRIDE + i)[0] for i, env in enumerate(self.envs)]
+        """Resets every env (env ``i`` with seed ``seed * 1_000_003 + first_env + i``); returns ``[n, *obs_shape]``."""
+        obs = [env.reset(seed=self.seed * SEED_STRIDE + self.first_env + i)[0] for i, env in enumerate(self.envs)]
         self._obs = np.stack(obs).astype(np.float32)
         self._returns[:] = 0.0
         self._lengths[:] = 0

@@ -93,11 +93,12 @@ def make_jax_env(name: str) -> JaxEnv:
     raise ValueError(f"{name!r} is a host (gymnasium) env, not a JAX env; use make_host_env")
 
 
-def make_host_env(name: str, num_envs: int, seed: int) -> HostVecEnv:
-    """``gym:<id>`` as a ``HostVecEnv`` of ``num_envs`` gymnasium envs (not yet reset)."""
+def make_host_env(name: str, num_envs: int, seed: int, first_env: int = 0) -> HostVecEnv:
+    """``gym:<id>`` as a ``HostVecEnv`` of ``num_envs`` gymnasium envs (not yet reset), the job's envs
+    ``first_env, first_env + 1, ...`` (their seeds follow the index)."""
     prefix, env_id = parse(name)
     if prefix != "gym":
         raise ValueError(f"{name!r} is a JAX env, not a host (gymnasium) env; use make_jax_env")
     from popjax.envs.gymnasium import HostVecEnv
 
-    return HostVecEnv(env_id, num_envs, seed)
+    return HostVecEnv(env_id, num_envs, seed, first_env)

@@ -135,17 +135,22 @@ class HostRunner:
     reset). Evaluation envs (seed + 10_000) are re-seeded at every evaluation, so evaluations
     of the same policy are identical and comparable across members. Host envs cannot be
     snapshotted: after a resume, training envs start new episodes from their seeded reset.
+
+    In a run over several processes each process steps the envs of its own members
+    (``num_members`` from ``first_member``), seeded as in a single-process run.
     """
 
     jax_path = False
     EVAL_SEED_OFFSET = 10_000
 
-    def __init__(self, env_factory: Callable[[int, int], Any], num_members: int, envs_per_member: int, seed: int):
-        self.env_factory = env_factory  # (num_envs, seed) -> HostVecEnv
-        self.num_members = num_members
+    def __init__(self, env_factory: Callable[[int, int, int], Any], num_members: int, envs_per_member: int, seed: int,
+                 first_member: int = 0):
+        self.env_factory = env_factory  # (num_envs, seed, first_env) -> HostVecEnv
+        self.num_members = num_members  # this process's members (all of them in a single-process run)
         self.envs_per_member = envs_per_member
         self.seed = seed
-        self.env = env_factory(num_members * envs_per_member, seed)
+        self.first_member = first_member
+        self.env = env_factory(num_members * envs_per_member, seed, first_member * envs_per_member)
         self.spec: EnvSpec = self.env.spec
         self._eval_envs: dict[int, Any] = {}
         self._freshly_reset = False
@@ -190,7 +195,7 @@ class HostRunner:
         m = len(actor_ids)
         n = m * episodes
         if n not in self._eval_envs:
-            self._eval_envs[n] = self.env_factory(n, self.seed + self.EVAL_SEED_OFFSET)
+            self._eval_envs[n] = self.env_factory(n, self.seed + self.EVAL_SEED_OFFSET, self.first_member * episodes)
         vec = self._eval_envs[n]
         return self._episodes(vec, lambda t, o: policy(actor, o), m, episodes, vec.reset(), record=False).returns
 

@@ -83,6 +83,35 @@ class Placement:
         shardings = self.shardings(tree, member_axes)
         return tree if shardings is None else jax.device_put(tree, shardings)
 
+    # --- several processes: each holds the members on its own devices (host-path envs) ----------------
+    def local_members(self, pop_size: int) -> tuple[int, int]:
+        """``(first, count)``: the members whose rows live on this process's devices (all of them on one
+        process). Members are split in order over the mesh, whose devices are ordered by process."""
+        if self.mesh is None or jax.process_count() == 1:
+            return 0, pop_size
+        per_device = pop_size // self.devices
+        mine = [i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()]
+        return mine[0] * per_device, len(mine) * per_device
+
+    def from_local(self, tree: PyTree) -> PyTree:
+        """Host arrays of this process's members (axis 0) as global arrays split over the job's devices."""
+        if self.mesh is None or jax.process_count() == 1:
+            return tree
+        split = NamedSharding(self.mesh, PartitionSpec(DEVICE_AXIS))
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(split, np.asarray(x)), tree)
+
+    def to_local(self, x: jax.Array, rows: tuple[int, int]) -> np.ndarray:
+        """The rows ``(first, count)`` of this process's members of a global array, as numpy."""
+        first, count = rows
+        if x.is_fully_addressable or x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0) if not x.is_fully_addressable else x)[first:first + count]
+        starts = {}
+        for shard in x.addressable_shards:  # member-split: one block of rows per local device
+            starts.setdefault(shard.index[0].start or 0, shard)
+        block = np.concatenate([np.asarray(starts[k].data) for k in sorted(starts)])
+        assert block.shape[0] == count and min(starts) == first, (block.shape, count, sorted(starts), first)
+        return block
+
     def program(self, fn, in_axes: tuple, out_axes):
         """``fn`` as one program per device on the ``pmap`` path (unchanged otherwise).
 
