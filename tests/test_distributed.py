@@ -80,39 +80,59 @@ def leaves(out: Path) -> list[np.ndarray]:
         return [data[f"arr_{i}"] for i in range(len(data.files))]
 
 
-def assert_same_state(a: Path, b: Path) -> None:
+def assert_same_state(a: Path, b: Path, tolerance: float = 0.0) -> None:
     """Leaf for leaf: the same programs on the same 4-device split, collectives over loopback instead of
-    between the devices of one process, give the same bits."""
+    between the devices of one process, give the same bits, except where a collective sums floats (DvD's
+    kernel): gloo adds in another order. ``tolerance``: the largest difference relative to the leaf's scale."""
     left, right = leaves(a), leaves(b)
     assert len(left) == len(right)
     for i, (x, y) in enumerate(zip(left, right, strict=True)):
-        np.testing.assert_array_equal(x, y, err_msg=f"leaf {i}")
+        if tolerance == 0.0:
+            np.testing.assert_array_equal(x, y, err_msg=f"leaf {i}")
+        else:
+            x, y = x.astype(np.float64), y.astype(np.float64)
+            scale = max(1.0, float(np.nanmax(np.abs(x), initial=0.0)))
+            np.testing.assert_allclose(x, y, rtol=0.0, atol=tolerance * scale, equal_nan=True, err_msg=f"leaf {i}")
+
+
+# Measured: bit-identical for independent, PBT and CEM-RL; DvD within 2.2e-7 of the leaf scale.
+DRIVERS = {"independent": 0.0, "pbt": 0.0, "cemrl": 0.0, "dvd": 1e-6}
+
+
+class References(dict):
+    """One process, 4 devices: the run of each driver the jobs are compared with (run when first asked for)."""
+
+    def __init__(self, factory):
+        super().__init__()
+        self.factory = factory
+
+    def __missing__(self, driver: str) -> Path:
+        out = self.factory.mktemp(f"one-process-{driver}")
+        done = run_single(out, "train", driver)
+        assert done.returncode == 0, done.stderr[-3000:]
+        self[driver] = out
+        return out
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """One process, 4 devices: the independent and PBT runs every job is compared with."""
-    outs = {}
-    for driver in ("independent", "pbt"):
-        out = tmp_path_factory.mktemp(f"one-process-{driver}")
-        done = run_single(out, "train", driver)
-        assert done.returncode == 0, done.stderr[-3000:]
-        outs[driver] = out
-    return outs
+    return References(tmp_path_factory)
 
 
-@pytest.mark.parametrize("driver", ["independent", "pbt"])
+# CEM-RL and DvD (about 40 s each) run with `make test-slow`; independent and PBT cover the job in the default suite.
+@pytest.mark.parametrize("driver", [pytest.param(d, marks=[pytest.mark.slow] if d in ("cemrl", "dvd") else [])
+                                    for d in DRIVERS])
 def test_two_processes_equal_one_process(driver, reference, tmp_path):
     run_job(tmp_path, "train", driver)
-    assert_same_state(reference[driver], tmp_path)
+    assert_same_state(reference[driver], tmp_path, DRIVERS[driver])
     summary = json.loads((tmp_path / "summary.out.json").read_text())
     expected = json.loads((reference[driver] / "summary.out.json").read_text())
-    assert summary["final_returns"] == expected["final_returns"]
+    np.testing.assert_allclose(summary["final_returns"], expected["final_returns"], rtol=DRIVERS[driver] * 10)
     # process 0 wrote the run's files, once; the checkpoints are whole orbax steps
     run = tmp_path / "run"
     assert json.loads((run / "summary.json").read_text())["final_returns"] == expected["final_returns"]
     rows = (run / "metrics.csv").read_text().splitlines()
-    assert len(rows) == 1 + 4 * 4  # header + 4 evaluations × 4 members
+    assert len(rows) - 1 == len((reference[driver] / "run" / "metrics.csv").read_text().splitlines()) - 1 > 0
     steps = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert steps and all(name.isdigit() for name in steps), steps
     if driver == "pbt":  # members 0, 1 live on process 0 and 2, 3 on process 1: some copies cross over
