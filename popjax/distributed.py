@@ -17,6 +17,7 @@ process computes the same rows, summary and checkpoint; only process 0 writes fi
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import jax
 import numpy as np
@@ -65,9 +66,17 @@ def initialize(place: JobPlace) -> None:
 
     if xla_bridge.backends_are_initialized():
         raise RuntimeError("popjax.distributed.initialize must run before JAX starts (before any JAX computation)")
+    where = f"at {place.coordinator}" if place.coordinator else "described by the cluster scheduler's environment"
+    who = f"process {place.process_id} of {place.num_processes}" if place.coordinator else "a process"
+    # JAX ends a process whose job fails (a peer that never joins or stops answering) with its own message,
+    # "Terminating process because the JAX distributed service detected fatal errors": say what to expect.
+    print(f"popjax: {who} joining the job {where}; if another process does not join or stops answering "
+          f"for {place.timeout_s} s, JAX stops this one", file=sys.stderr, flush=True)
     jax.distributed.initialize(place.coordinator, place.num_processes, place.process_id,
                                initialization_timeout=place.timeout_s,
                                heartbeat_timeout_seconds=place.timeout_s)
+    print(f"popjax: joined as process {jax.process_index()} of {jax.process_count()}, "
+          f"{jax.local_device_count()} of the job's {jax.device_count()} devices here", file=sys.stderr, flush=True)
 
 
 def processes() -> int:

@@ -40,6 +40,18 @@ def run_cli(argv, capsys):
         (["--parallel", "mpi"], "parallel: 'mpi' unknown (allowed: sharding, pmap)"),
         (["--driver", "cemrl", "--parallel", "pmap"], "parallel: the cemrl driver does not run as one program per"),
         (["--set", "pbt=[1, 2]"], "pbt: expected a mapping of options {key: value}, got [1, 2]"),
+        # a multi-process job: checked before joining (nothing waits for other processes)
+        (["--coordinator", "127.0.0.1:1234"], "coordinator: --coordinator, --num-processes and --process-id go "
+                                              "together"),
+        (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"],
+         "coordinator: expected HOST:PORT, got 'localhost'"),
+        (["--coordinator", "h:1", "--num-processes", "2", "--process-id", "2"], "process_id: must be in [0, 2), got 2"),
+        (["--coordinator", "h:1", "--num-processes", "0", "--process-id", "0"], "num_processes: must be at least 1"),
+        (["--coordinator", "h:1", "--num-processes", "2", "--process-id", "0", "--timeout", "0"],
+         "timeout: must be at least 1 second, got 0"),
+        (["--timeout", "30"], "timeout: only for a run over several processes"),
+        (["--distributed", "--coordinator", "h:1", "--num-processes", "2", "--process-id", "0"],
+         "distributed: give either --distributed"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(argv, message, capsys, tmp_path):
