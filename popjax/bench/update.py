@@ -1035,13 +1035,13 @@ def plot_update(payload: dict[str, Any], path: Path) -> Path:
             series = sorted((r for r in rows if _label(r) == label), key=lambda r: r["pop"])
             pops = [r["pop"] for r in series]
             style = "--" if "seq" in label else "-"
-            axes[0, col].plot(pops, [r["ms_per_pop_step"] for r in series], style, marker="o", label=label)
+            (line,) = axes[0, col].plot(pops, [r["ms_per_pop_step"] for r in series], style, marker="o", label=label)
             # The lower panel: speed-up vs PyTorch, or with --processes the time over 1 process (same devices).
             key = "vs_one_process" if processes else "speedup_vs_torch_seq"
             speed = [(r["pop"], r.get(key)) for r in series if not processes or r.get("processes", 1) > 1]
             speed = [(n, s) for n, s in speed if s]
             if speed and label != "torch_seq":
-                axes[1, col].plot(*zip(*speed, strict=True), style, marker="o", label=label)
+                axes[1, col].plot(*zip(*speed, strict=True), style, marker="o", label=label, color=line.get_color())
         axes[0, col].set(
             xscale="log",
             yscale="log",
