@@ -51,6 +51,8 @@ bench: $(STAMP)
 	$(BENCH) update --learner dqn --pop 1,4,8 --max-seconds 60 $(QUIET) --out $(RESULTS)/update_dqn.json
 	$(BENCH) update --learner td3 --impl vmap,vmap_scan --pop 4,16 --devices 1,2 --no-memory-fit $(QUIET) \
 		--out $(RESULTS)/update_devices.json
+	$(BENCH) update --learner td3 --impl vmap,vmap_scan --pop 4,16 --processes 2 --no-memory-fit $(QUIET) \
+		--out $(RESULTS)/update_processes.json
 	$(BENCH) roofline --learner td3,sac --pop 1,4,16,64 --devices 1,2 $(QUIET)
 	$(BENCH) compile --learner td3,sac --pop 1,4,16,64 $(QUIET)
 	$(BENCH) envstep --gym HalfCheetah-v5,Hopper-v5,Walker2d-v5,Ant-v5,Humanoid-v5 --brax halfcheetah --pop 1,4,16 \

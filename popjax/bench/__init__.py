@@ -7,7 +7,8 @@ device description, library versions, load averages) and ``<out>/<study>.png``;
 Studies:
 
 - ``update``: one population-wide update step vs N: popjax vmap (1 and K steps per call),
-  JAX sequential, PyTorch sequential (paper Fig. 2);
+  JAX sequential, PyTorch sequential (paper Fig. 2); ``--processes P``: vmap over the devices of P
+  local processes (``jax.distributed``) against 1 process with as many devices;
 - ``roofline``: dense-matmul GFLOP/s vs achieved GFLOP/s of the TD3/SAC population update;
 - ``compile``: compile time of the K-step population update vs N (paper Table 3);
 - ``envstep``: ms per env interaction, gym MuJoCo (host) and brax (jitted, vmapped) (Table 2);

@@ -341,11 +341,22 @@ def mesh_sharding(devices: int, axis: int = 0, ndim: int | None = None):
 
 
 def place(tree: Any, devices: int, axis: int = 0) -> Any:
-    """Puts every leaf on device (split over ``devices`` along ``axis``) and blocks."""
+    """Puts every leaf on device (split over ``devices`` along ``axis``) and blocks.
+
+    Over the devices of several processes (``jax.distributed``) every process passes the same values;
+    PRNG key leaves go as their key data (``device_put`` takes only plain arrays there).
+    """
     if devices <= 1:
         return block(jax.device_put(tree, jax.devices()[0]))
     sharding = mesh_sharding(devices, axis)
-    return block(jax.tree.map(lambda x: jax.device_put(x, sharding), tree))
+
+    def put(x):
+        if not sharding.is_fully_addressable and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return jax.random.wrap_key_data(jax.device_put(jax.random.key_data(x), sharding),
+                                            impl=jax.random.key_impl(x))
+        return jax.device_put(x, sharding)
+
+    return block(jax.tree.map(put, tree))
 
 
 def shards(tree: Any) -> int:

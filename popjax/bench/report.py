@@ -320,6 +320,7 @@ def section_update(p: dict[str, Any]) -> list[str]:
     notes = p.get("notes") or []
     lines += [f"> {n}" for n in notes] + ([""] if notes else [])
     res = [r for r in p["results"] if "skipped" not in r]
+    multi = any(r.get("processes", 1) > 1 for r in p["results"])  # a --processes study: one more column and table
     for learner in dict.fromkeys(r["learner"] for r in p["results"]):
         prob = p["params"]["problems"].get(learner, {})
         k = prob.get("k")
@@ -333,12 +334,14 @@ def section_update(p: dict[str, Any]) -> list[str]:
                 if key not in base or r["ms_per_pop_step"] < base[key]["ms_per_pop_step"]:
                     base[key] = r
         rows = []
-        for r in sorted((r for r in res if r["learner"] == learner and r["impl"] in ("vmap", "vmap_scan")),
-                        key=lambda r: (r["devices"], r["pop"], r["impl"])):
+        popjax = lambda r: "vmap" if r["impl"] == "vmap" else f"vmap+scan K={k}"  # noqa: B023 - used in this loop
+        vectorized = sorted((r for r in res if r["learner"] == learner and r["impl"] in ("vmap", "vmap_scan")),
+                            key=lambda r: (r["devices"], r["pop"], r["impl"], r.get("processes", 1)))
+        for r in vectorized:
             t = base.get(("torch_seq", r["pop"]))
             j = base.get(("jax_seq", r["pop"]))
             mem = r.get("memory") or {}
-            rows.append([r["pop"], r["devices"], "vmap" if r["impl"] == "vmap" else f"vmap+scan K={k}",
+            rows.append([r["pop"], r["devices"]] + ([r.get("processes", 1)] if multi else []) + [popjax(r),
                          _f(r["ms_per_pop_step"], 3), _f(r.get("ms_per_pop_step_iqr"), 3),
                          _f(r.get("gflops"), 0), _f(r.get("layer_gflops"), 0), _pct(r.get("fraction_of_layer")),
                          _f(j and j["ms_per_pop_step"], 3),
@@ -347,9 +350,11 @@ def section_update(p: dict[str, Any]) -> list[str]:
                          _f(r.get("speedup_vs_torch_seq"), 2, "×"),
                          _f(r.get("speedup_vs_jax_seq"), 2, "×"), _f(r.get("compile_s"), 1),
                          _f(mem.get("rss_delta_mb"), 0)])
-        lines += _table(["N", "devices", "popjax", "popjax ms", "IQR ms", "GFLOP/s", "ceiling GFLOP/s",
-                         "% of ceiling", "JAX seq ms", "PyTorch seq ms", "vs PyTorch seq", "vs JAX seq", "compile s",
-                         "peak RSS Δ MB"], rows)
+        lines += _table(["N", "devices"] + (["processes"] if multi else []) + [
+            "popjax", "popjax ms", "IQR ms", "GFLOP/s", "ceiling GFLOP/s", "% of ceiling", "JAX seq ms",
+            "PyTorch seq ms", "vs PyTorch seq", "vs JAX seq", "compile s", "peak RSS Δ MB"], rows)
+        if multi:
+            lines += _processes_table(vectorized, popjax)
         fit = (p.get("memory_fit") or {}).get(learner)
         if fit:
             if fit.get("largest_pop") is None:
@@ -362,9 +367,29 @@ def section_update(p: dict[str, Any]) -> list[str]:
                           + ("; the search stopped at its cap" if fit.get("capped_at_max_pop") else "") + ").", ""]
         skipped = [r for r in p["results"] if r["learner"] == learner and "skipped" in r]
         if skipped:
-            lines += ["Skipped points: " + "; ".join(f"{r['impl']} N={r['pop']} d={r['devices']} ({r['skipped']})"
-                                                      for r in skipped), ""]
+            lines += ["Skipped points: " + "; ".join(f"{r['impl']} N={r['pop']} d={r['devices']}"
+                                                      + (f" P={r['processes']}" if "processes" in r else "")
+                                                      + f" ({r['skipped']})" for r in skipped), ""]
     return lines
+
+
+def _processes_table(rows: list[dict[str, Any]], popjax: Callable[[dict[str, Any]], str]) -> list[str]:
+    """``update --processes P``: each point in P processes against 1 process with as many devices."""
+    lines = ["Over processes: the population split over the same number of CPU devices in 1 process and in P "
+             "local processes (`jax.distributed`, gloo collectives over 127.0.0.1); 'time / 1 process' is the "
+             "P-process time over the 1-process time; 'communication share': (t_P − t_1) / t_P when positive; "
+             "'collectives': collective ops in the compiled update; 'host read ms': reading one value per member "
+             "on the host (`distributed.fetch`, an all-gather across processes).", ""]
+    table = []
+    for r in rows:
+        ops = r.get("hlo_collectives")
+        table.append([r["pop"], r["devices"], popjax(r), f"{r.get('processes', 1)} × {r.get('devices_per_process')}",
+                      _f(r["ms_per_pop_step"], 3), _f(r.get("ms_per_pop_step_iqr"), 3),
+                      _f(r.get("vs_one_process"), 2, "×"), _pct(r.get("communication_share")),
+                      "—" if ops is None else (", ".join(f"{n} {op}" for op, n in ops.items()) or "none"),
+                      _f(r.get("fetch_ms"), 3)])
+    return lines + _table(["N", "devices", "popjax", "processes × devices", "ms", "IQR ms", "time / 1 process",
+                           "communication share", "collectives", "host read ms"], table)
 
 
 def section_roofline(p: dict[str, Any]) -> list[str]:

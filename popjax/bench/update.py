@@ -16,18 +16,38 @@ device, the implementations timed in the same process are:
 
 ``vmap``/``vmap_scan`` run once per requested device count (the member axis split over the
 devices with a NamedSharding); the sequential baselines run on one device.
+
+``--processes P`` (``run_processes``): the same ``vmap``/``vmap_scan`` points with the population
+split over the CPU devices of P local processes joined with ``jax.distributed`` (coordinator and
+gloo collectives over 127.0.0.1), each process forcing ``--devices d`` devices, against 1 process
+forcing P×d devices; both are jobs of subprocesses (``popjax.bench.update_worker``), bounded in
+time and killed with the study. Rows carry ``processes``, ``devices`` (P×d) and
+``devices_per_process``; the P-process rows ``vs_one_process`` (time ÷ the 1-process time) and
+``communication_share`` (``(t_P - t_1) / t_P`` when positive); every row the collective ops of its
+compiled update (``hlo_collectives``: none, the members being independent) and ``fetch_ms`` (a host
+read of one value per member, an all-gather across processes). The sequential baselines are not run
+there (refused when named in ``--impl``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from popjax.bench import common
 from popjax.bench import options as opt
@@ -39,6 +59,7 @@ from popjax.types import EnvSpec, Transition
 
 STUDY = "update"
 IMPLS = ("vmap", "vmap_scan", "jax_seq", "torch_seq")
+VECTORIZED = ("vmap", "vmap_scan")
 DEFAULT_POPS = (1, 2, 4, 8, 16, 32, 64)
 PROBLEMS = ("td3", "sac", "dqn")  # learners with the paper's timing shapes (``problem``)
 
@@ -51,8 +72,9 @@ class Options(opt.StudyOptions):
     learners: tuple[str, ...] = opt.names(("td3", "sac", "dqn"), "comma-separated learners", flag="--learner",
                                           allowed=PROBLEMS, what=" learner")
     pops: tuple[int, ...] = opt.ints(DEFAULT_POPS, "population sizes, comma-separated", flag="--pop")
-    impls: tuple[str, ...] = opt.names(IMPLS, "comma-separated subset of " + ",".join(IMPLS), flag="--impl",
-                                       allowed=IMPLS, what=" implementation")
+    impls: tuple[str, ...] | None = opt.names(None, "comma-separated subset of " + ",".join(IMPLS) + " (default: "
+                                              "all; with --processes > 1: vmap,vmap_scan)", flag="--impl",
+                                              allowed=IMPLS, what=" implementation")
     k: int | None = opt.integer(None, "update steps per compiled call of vmap_scan (default: 50 TD3/SAC, 10 DQN)")
     hidden: tuple[int, ...] | None = opt.ints(None, "override hidden sizes, e.g. 64,64 (DQN: its MLP head)")
     batch_size: int | None = opt.integer(None, "override the batch size")
@@ -64,6 +86,29 @@ class Options(opt.StudyOptions):
     max_seconds: float = opt.max_seconds()
     memory_fit: bool = opt.switch(True, "skip the search of the largest population whose compiled K-step update "
                                   "fits in the device's memory", flag="--no-memory-fit")
+    processes: int = opt.integer(1, "P > 1: time vmap/vmap_scan with the population split over the CPU devices of "
+                                 "P local processes joined with jax.distributed (CPU collectives over 127.0.0.1), "
+                                 "each process with --devices devices, against 1 process with as many devices in "
+                                 "all (P x --devices); both run as subprocesses; the sequential baselines "
+                                 "(jax_seq, torch_seq) run in one process only and are refused")
+
+    def check(self) -> None:
+        if self.processes > 1 and self.impls is not None:
+            sequential = [i for i in self.impls if i not in VECTORIZED]
+            if sequential:
+                raise ValueError(f"--impl: {', '.join(sequential)} run(s) member after member on one device of one "
+                                 f"process; with --processes {self.processes} give vmap and/or vmap_scan")
+
+    def devices_needed(self) -> list[int]:
+        # With --processes the points run in subprocesses that force their own devices.
+        return [1] if self.processes > 1 else list(self.devices)
+
+    @property
+    def implementations(self) -> tuple[str, ...]:
+        """``impls``, or the study's own choice: all of them in one process, the vectorized ones with processes."""
+        if self.impls is not None:
+            return self.impls
+        return IMPLS if self.processes == 1 else VECTORIZED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -511,6 +556,319 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
             r[f"speedup_vs_{name}"] = None if ref is None else ref / r["ms_per_pop_step"]
 
 
+# --- the population over several processes (--processes) -------------------------------------------------
+JOB_DESCRIPTION = (
+    "--processes P: for each --devices value d, the points run in two jobs of fresh subprocesses "
+    "(python -m popjax.bench.update_worker, JAX_PLATFORMS=cpu): first 1 process forcing P×d CPU devices (the "
+    "reference), then P local processes joined with jax.distributed (coordinator and gloo CPU collectives over "
+    "127.0.0.1), each forcing d CPU devices; in both the population is one array split over all P×d devices "
+    "(the same prepare_vmap as in one process). Every process makes the same number of timed calls, "
+    "max(repeats, min(200, min_time ÷ the slowest process's probe call)), the implementations "
+    "of one N round-robin after a barrier; a call's time is the slowest process's time for it (the population "
+    "has taken the step when every process has). Memory and compile times are process 0's; the N×[B,h]@[h,h] "
+    "ceiling is measured in the 1-process job."
+)
+JOB_START_S = 120.0  # starting the processes, importing JAX, joining the job
+POINT_ALLOWANCE_S = 180.0  # compiling and warming up one implementation at one N, on top of --max-seconds
+JOB_TIMEOUT_S = 60  # jax.distributed: joining the job, and noticing a process that died (heartbeats)
+MAX_CALLS = 200
+_COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|"
+                         r"collective-broadcast)(?:-start)?\(")
+
+
+def hlo_collectives(compiled) -> dict[str, int] | None:
+    """Collective ops in a compiled program's HLO, by kind ({}: none; None: no HLO text)."""
+    try:
+        text = compiled.as_text()
+    except Exception:  # noqa: BLE001 - not every backend gives the text
+        return None
+    counts: dict[str, int] = {}
+    for m in _COLLECTIVE.finditer(text or ""):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return counts
+
+
+def _gather(x: np.ndarray) -> np.ndarray:
+    """``[processes, ...]``: ``x`` of every process of the job (a collective; ``x[None]`` in one process)."""
+    from popjax import distributed
+
+    if distributed.processes() == 1:
+        return np.asarray(x)[None]
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=False))
+
+
+def _slowest(times: list[float]) -> dict[str, Any]:
+    """Timing statistics of the slowest process's time of each call (every process passes as many times)."""
+    every = _gather(np.asarray(times, np.float64))
+    return common.summarize(every.max(axis=0)) | {"per_process_median_s": [float(np.median(t)) for t in every]}
+
+
+def _time_job_point(p: Problem, pop: int, devices: int, prepared: list[tuple[str, dict[str, Any]]],
+                    opts) -> list[dict[str, Any]]:
+    """Times prepared implementations of one N in every process of the job in step (see ``JOB_DESCRIPTION``)."""
+    from popjax import distributed
+
+    probes = []
+    for _, entry in prepared:
+        start = time.perf_counter()
+        entry["sync"](entry["call"]())
+        probes.append(time.perf_counter() - start)
+    probe = _gather(np.asarray(probes)).max(axis=0)  # the same on every process: so are the counts
+    counts = [max(entry["min_repeats"], min(MAX_CALLS, math.ceil(opts.min_time / max(float(s), 1e-9))))
+              for (_, entry), s in zip(prepared, probe, strict=True)]
+    distributed.barrier(f"popjax-bench-update-{p.learner}-{pop}")
+    timings = common.time_interleaved([(e["call"], e["sync"], n) for (_, e), n in zip(prepared, counts, strict=True)],
+                                      min_time=0.0, max_repeats=MAX_CALLS)
+    # Reading one value per member on the host: an all-gather over loopback across processes.
+    values = common.place(np.arange(pop, dtype=np.float32), devices)
+    read = common.time_calls(lambda: distributed.fetch(values), warmup=2, min_repeats=opts.repeats,
+                             max_repeats=opts.repeats, min_time=0.0, sync=lambda v: v)
+    read = _slowest(read["times_s"])
+    rows = []
+    for (impl, entry), timing in zip(prepared, timings, strict=True):
+        fields = {key: v for key, v in entry.items() if key not in ("call", "sync", "min_repeats")}
+        rec = _record(p, impl, pop, devices, fields | {"timing": _slowest(timing["times_s"])})
+        compiled = _VMAP_COMPILED[(p, pop, devices, entry["steps_per_call"])][0]
+        rec |= {"hlo_collectives": hlo_collectives(compiled), "fetch_ms": 1e3 * read["median_s"],
+                "fetch_iqr_ms": 1e3 * read["iqr_s"]}
+        rows.append(rec)
+    return rows
+
+
+def job_main(spec: dict[str, Any]) -> None:
+    """One process of a job started by ``run_job`` (``python -m popjax.bench.update_worker``), once JAX has its
+    devices and the job is joined: times every point of ``spec`` (see ``JOB_DESCRIPTION``); process 0 writes
+    the rows to ``spec["result"]`` after every N (partial results survive a failure)."""
+    from popjax import distributed
+
+    o = Options(**spec["options"])
+    impls = [i for i in o.implementations if i in VECTORIZED]
+    total, local, processes = jax.device_count(), jax.local_device_count(), distributed.processes()
+    out: dict[str, Any] = {"processes": processes, "devices": total, "devices_per_process": local, "rows": [],
+                           "layers": [], "machine": common.machine()}
+    tag = {"processes": processes, "devices_per_process": local}
+    for name in o.learners:
+        p = problem(name, o.hidden, o.batch_size, o.k, o.frame)
+        last: dict[str, tuple[int, float, int]] = {}  # impl -> (pop, s per call, warm-up calls)
+        for pop in spec["pops"]:
+            if spec["measure_layer"] and p.learner in ("td3", "sac"):
+                out["layers"].append(common.layer_gflops(pop, p.batch_size, max(p.config.hidden), total,
+                                                         repeats=o.repeats, min_time=o.min_time, seed=o.seed)
+                                     | {"processes": processes})
+            prepared = []
+            for impl in impls:
+                prev = last.get(impl)
+                if prev is not None:  # the same on every process: the times are the slowest process's
+                    estimate = common.estimated_seconds(prev[1], pop / prev[0], repeats=o.repeats,
+                                                        min_time=o.min_time, warmup=prev[2])
+                    if estimate > o.max_seconds:
+                        reason = (f"estimated {estimate:.0f}s for warm-up and {o.repeats} timed calls > "
+                                  f"--max-seconds {o.max_seconds:.0f}")
+                        out["rows"].append(_skip(p, impl, pop, total, reason) | tag)
+                        continue
+                prepared.append((impl, prepare_vmap(p, pop, total, 1 if impl == "vmap" else p.k, o)))
+            if prepared:
+                for rec in _time_job_point(p, pop, total, prepared, o):
+                    last[rec["impl"]] = (pop, rec["timing"]["median_s"], rec["warmup_calls"])
+                    out["rows"].append(rec | tag)
+            if distributed.is_writer():
+                common.write_json(Path(spec["result"]), out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _job_env() -> dict[str, str]:
+    """The workers' environment: CPU only, no forced device count (each forces its own), this popjax first."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    flags = [f for f in env.pop("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    return env
+
+
+def _tail(path: Path, lines: int = 15) -> list[str]:
+    try:
+        return [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-lines:]
+    except OSError:
+        return []
+
+
+def job_timeout(o: Options, pops: list[int]) -> float:
+    """Seconds a job may take before it counts as hung: start-up, then per N the per-point budget
+    (``--max-seconds``) plus compilation and warm-up of each implementation."""
+    impls = [i for i in o.implementations if i in VECTORIZED]
+    return JOB_START_S + len(o.learners) * len(pops) * (o.max_seconds + len(impls) * POINT_ALLOWANCE_S)
+
+
+def run_job(o: Options, pops: list[int], processes: int, per_process: int, measure_layer: bool, work: Path,
+            timeout_s: float | None = None) -> tuple[dict[str, Any] | None, str | None]:
+    """Runs the points at ``pops`` in a job of ``processes`` local processes with ``per_process`` CPU devices each.
+
+    Returns ``(result, None)``, or ``(what process 0 wrote before, why the job failed)``. Every process is
+    killed when one fails, when the job outlives ``timeout_s`` (default ``job_timeout``), or when this process
+    is interrupted; a worker whose parent is gone stops by itself (``update_worker``).
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    result = work / "result.json"
+    spec = {"options": dataclasses.asdict(o), "pops": list(pops), "processes": processes,
+            "devices_per_process": per_process, "coordinator": f"127.0.0.1:{_free_port()}",
+            "timeout_s": JOB_TIMEOUT_S, "measure_layer": measure_layer, "result": str(result),
+            "parent_pid": os.getpid()}
+    spec_path = work / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    timeout_s = job_timeout(o, pops) if timeout_s is None else timeout_s
+    env = _job_env()
+    procs: list[subprocess.Popen] = []
+    logs = []
+    failure = None
+    try:
+        for i in range(processes):
+            logs.append(open(work / f"process{i}.log", "w"))  # noqa: SIM115 - closed below
+            procs.append(subprocess.Popen([sys.executable, "-m", "popjax.bench.update_worker", str(spec_path), str(i)],
+                                          stdin=subprocess.DEVNULL, stdout=logs[-1], stderr=subprocess.STDOUT,
+                                          env=env))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [proc.poll() for proc in procs]
+            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                i, code = failed[0]
+                failure = f"process {i} of {processes} exited with status {code}"
+                tail = _tail(work / f"process{i}.log")
+                failure += f" ({tail[-1].strip()[:200]})" if tail else ""
+                for line in tail:
+                    log(f"    process {i}: {line}")
+                break
+            if all(c == 0 for c in codes):
+                break
+            if time.monotonic() > deadline:
+                failure = f"the job of {processes} process(es) did not finish within {timeout_s:.0f}s"
+                break
+            time.sleep(0.1)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in procs:
+            proc.wait()
+        for f in logs:
+            f.close()
+    data = json.loads(result.read_text()) if result.exists() else None
+    return data, failure
+
+
+def add_process_ratios(rows: list[dict[str, Any]]) -> None:
+    """``vs_one_process`` (time over the 1-process time at the same N, implementation and devices) and the
+    communication share estimated from it, ``max(0, (t_P - t_1) / t_P)``, on the rows of a processes study."""
+    one = {(r["learner"], r["impl"], r["pop"], r["devices"]): r for r in rows
+           if "skipped" not in r and r.get("processes") == 1}
+    for r in rows:
+        if "skipped" in r or "processes" not in r:
+            continue
+        ref = one.get((r["learner"], r["impl"], r["pop"], r["devices"]))
+        if r["processes"] == 1 or ref is None:
+            r |= {"vs_one_process": 1.0 if r["processes"] == 1 else None, "one_process_ms": None,
+                  "extra_time_share": None, "communication_share": None}
+            continue
+        t, t1 = r["ms_per_pop_step"], ref["ms_per_pop_step"]
+        extra = (t - t1) / t
+        r |= {"vs_one_process": t / t1, "one_process_ms": t1, "extra_time_share": extra,
+              "communication_share": max(0.0, extra)}
+
+
+def _collectives_note(rows: list[dict[str, Any]], processes: int) -> str | None:
+    measured = [r for r in rows if "skipped" not in r and r.get("processes", 1) > 1]
+    if not measured or any(r.get("hlo_collectives") is None for r in measured):
+        return None
+    found = {f"{r['impl']} N={r['pop']}": r["hlo_collectives"] for r in measured if r["hlo_collectives"]}
+    if not found:
+        return ("communication: the compiled update has no collective ops (members are independent and each "
+                "member's arrays live on one device), so during a step nothing crosses processes; a run over "
+                f"{processes} processes communicates only to place its inputs and to read results on the host "
+                "(fetch_ms: reading one value per member, an all-gather over loopback). The communication share "
+                "is therefore the extra time over one process with as many devices, (t_P - t_1) / t_P when "
+                f"positive: the cost of {processes} JAX runtimes sharing the cores, not of messages.")
+    listed = "; ".join(f"{k}: " + ", ".join(f"{n} {op}" for op, n in v.items()) for k, v in found.items())
+    return (f"communication: the compiled update has collective ops ({listed}); over {processes} processes they "
+            "cross loopback. The communication share is estimated as the extra time over one process with as "
+            "many devices, (t_P - t_1) / t_P when positive.")
+
+
+def run_processes(o: Options, problems: list[Problem], impls: list[str], sitting: common.Sitting,
+                  peak: float | None, results: list[dict[str, Any]], notes: list[str], save,
+                  jobs: list[dict[str, Any]]) -> None:
+    """The points of a ``--processes P`` study (see ``JOB_DESCRIPTION``), appended to ``results``; one
+    record per job (its processes, devices, seconds, failure, and process 0's view of the machine) in ``jobs``."""
+    procs = o.processes
+    notes.append(JOB_DESCRIPTION)
+    notes.append("jax_seq and torch_seq (member after member on one device of one process) are not run with "
+                 "--processes.")
+    with tempfile.TemporaryDirectory(prefix="popjax-bench-update-") as tmp:
+        for d in o.devices:
+            total = procs * d
+            pops = [n for n in o.pops if n % total == 0]
+            for p in problems:
+                for n in o.pops:
+                    if n % total:
+                        for impl in impls:
+                            results.append(_skip(p, impl, n, total, f"{n} members do not divide over {procs}×{d} "
+                                                 "devices") | {"processes": procs, "devices_per_process": d})
+            if not pops:
+                continue
+            point: list[dict[str, Any]] = []
+            layers: dict[int, float] = {}
+            for processes, per_process in ((1, total), (procs, d)):
+                log(f"  job: {processes} process(es) × {per_process} CPU device(s), {','.join(o.learners)} "
+                    f"N={','.join(map(str, pops))}, {','.join(impls)}")
+                start = time.perf_counter()
+                data, failure = run_job(o, pops, processes, per_process, processes == 1,
+                                        Path(tmp) / f"d{d}-p{processes}")
+                rows = list((data or {}).get("rows", []))
+                for layer in (data or {}).get("layers", []):
+                    sitting.ceilings["layers"].append(layer)
+                    layers[layer["pop"]] = layer["gflops"]
+                done = {(r["learner"], r["impl"], r["pop"]) for r in rows}
+                for p in problems:
+                    for n in pops:
+                        for impl in impls:
+                            if (p.learner, impl, n) not in done:
+                                rows.append(_skip(p, impl, n, total, f"the job failed: {failure}")
+                                            | {"processes": processes, "devices_per_process": per_process})
+                for r in rows:
+                    if "skipped" not in r:
+                        log(f"  {r['learner']} {r['impl']:9s} N={r['pop']:3d} {processes}×{per_process} dev: "
+                            f"{r['ms_per_pop_step']:9.3f} ms/pop-step (IQR {r['ms_per_pop_step_iqr']:.3f})  "
+                            f"compile {r['compile_s']:.2f}s  ({r['timing']['repeats']} calls)")
+                seconds = time.perf_counter() - start
+                log(f"  job of {processes} process(es) done in {seconds:.0f}s" + (f": FAILED, {failure}" if failure
+                                                                                  else ""))
+                jobs.append({"processes": processes, "devices_per_process": per_process, "devices": total,
+                             "pops": pops, "seconds": seconds, "failure": failure,
+                             "machine": (data or {}).get("machine")})
+                point += rows
+                results.extend(rows)
+                save()
+            add_process_ratios(point)
+            for r in point:
+                if "skipped" not in r:
+                    add_throughput([r], peak, layers.get(r["pop"]))
+                    if r["processes"] > 1 and r["vs_one_process"] is not None:
+                        log(f"  {r['learner']} {r['impl']:9s} N={r['pop']:3d}: {procs} processes / 1 process = "
+                            f"{r['vs_one_process']:.3f} (communication share {100 * r['communication_share']:.0f}%)")
+            save()
+    note = _collectives_note(results, procs)
+    if note:
+        notes.append(note)
+
+
 def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     """Runs the study and writes ``<out_dir>/update.json`` and ``update.png``; returns the payload.
 
@@ -518,11 +876,11 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     ``run(learners=("td3",), pops=(1, 4))``.
     """
     o = Options.build(options, overrides)
-    learners, pops, devices, impls = o.learners, o.pops, o.devices, list(o.impls)
+    learners, pops, devices, impls = o.learners, o.pops, o.devices, list(o.implementations)
     max_seconds = o.max_seconds
     started = common.utc_now()
     problems = [problem(name, o.hidden, o.batch_size, o.k, o.frame) for name in learners]
-    common.request_devices(devices)
+    common.request_devices(o.devices_needed())
     notes: list[str] = []
     if "torch_seq" in impls:
         from popjax.bench import torch_reference as tr
@@ -546,6 +904,7 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
         "min_time_s": o.min_time,
         "max_seconds": max_seconds,
         "seed": o.seed,
+        "processes": o.processes,
         "problems": {
             p.learner: {
                 "obs_shape": p.spec.obs_shape,
@@ -574,7 +933,10 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
             plot_update(payload, png_path)
         return payload
 
-    for p in problems:
+    if o.processes > 1:
+        params |= {"devices_per_process": list(devices), "jobs": []}
+        run_processes(o, problems, impls, sitting, peak, results, notes, lambda: write(plot=False), params["jobs"])
+    for p in problems if o.processes == 1 else ():  # with processes every point ran in the jobs
         last: dict[tuple, tuple[int, float, int]] = {}  # (impl, devices, threads) -> (pop, s per call, warm-up)
         for pop in pops:
             variants = []
@@ -656,6 +1018,8 @@ def main(options: Options) -> dict[str, Any]:
 
 
 def _label(r: dict[str, Any]) -> str:
+    if r.get("processes") is not None:  # a --processes study
+        return f"{r['impl']} ({r['processes']} proc × {r['devices_per_process']} dev)"
     return r["impl"] + (f" ({r['devices']} dev)" if r["impl"].startswith("vmap") else "")
 
 
@@ -663,6 +1027,7 @@ def plot_update(payload: dict[str, Any], path: Path) -> Path:
     plt = common.pyplot()
     results = [r for r in payload["results"] if "skipped" not in r]
     learners = list(dict.fromkeys(r["learner"] for r in results)) or ["-"]
+    processes = any(r.get("processes", 1) > 1 for r in results)
     fig, axes = plt.subplots(2, len(learners), figsize=(5 * len(learners), 7.5), squeeze=False)
     for col, name in enumerate(learners):
         rows = [r for r in results if r["learner"] == name]
@@ -670,11 +1035,13 @@ def plot_update(payload: dict[str, Any], path: Path) -> Path:
             series = sorted((r for r in rows if _label(r) == label), key=lambda r: r["pop"])
             pops = [r["pop"] for r in series]
             style = "--" if "seq" in label else "-"
-            axes[0, col].plot(pops, [r["ms_per_pop_step"] for r in series], style, marker="o", label=label)
-            speed = [(r["pop"], r.get("speedup_vs_torch_seq")) for r in series]
+            (line,) = axes[0, col].plot(pops, [r["ms_per_pop_step"] for r in series], style, marker="o", label=label)
+            # The lower panel: speed-up vs PyTorch, or with --processes the time over 1 process (same devices).
+            key = "vs_one_process" if processes else "speedup_vs_torch_seq"
+            speed = [(r["pop"], r.get(key)) for r in series if not processes or r.get("processes", 1) > 1]
             speed = [(n, s) for n, s in speed if s]
             if speed and label != "torch_seq":
-                axes[1, col].plot(*zip(*speed, strict=True), style, marker="o", label=label)
+                axes[1, col].plot(*zip(*speed, strict=True), style, marker="o", label=label, color=line.get_color())
         axes[0, col].set(
             xscale="log",
             yscale="log",
@@ -683,7 +1050,8 @@ def plot_update(payload: dict[str, Any], path: Path) -> Path:
             ylabel="ms per population step (median)",
         )
         axes[1, col].axhline(1.0, color="0.5", lw=0.8)
-        axes[1, col].set(xscale="log", xlabel="population size N", ylabel="speed-up vs PyTorch sequential")
+        axes[1, col].set(xscale="log", xlabel="population size N",
+                         ylabel="time / 1 process (as many devices)" if processes else "speed-up vs PyTorch sequential")
         for ax in axes[:, col]:
             ax.grid(True, which="both", alpha=0.3)
             if ax.get_legend_handles_labels()[0]:  # the speed-up panel is empty when only torch ran
