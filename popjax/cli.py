@@ -243,6 +243,10 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_results(run) -> None:
     """A results table: one row per member, columns for the hparams that differ between members."""
+    from popjax import distributed
+
+    if not distributed.is_writer():  # a multi-process job prints its results once, from process 0
+        return
     from rich.console import Console
     from rich.table import Table
 
