@@ -33,12 +33,13 @@ def _env():
     return env
 
 
-def start_job(out: Path, mode: str, driver: str, *extra_per_process, timeout_s: int = 30) -> list[subprocess.Popen]:
-    """Starts the 2 processes of a job; ``extra_per_process``: additional argv of process 0, then 1."""
+def start_job(out: Path, mode: str, driver: str, *extra_per_process, timeout_s: int = 30,
+              started=(0, 1)) -> list[subprocess.Popen]:
+    """Starts the ``started`` processes of a 2-process job; ``extra_per_process``: more argv of process 0, then 1."""
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs = []
-    for i in range(2):
+    for i in started:
         extra = list(extra_per_process[i]) if i < len(extra_per_process) else []
         argv = [sys.executable, JOB, str(out), mode, driver, "--devices", "2", "--job", f"127.0.0.1:{port}", "2",
                 str(i), "--timeout", str(timeout_s), *extra]
@@ -187,3 +188,13 @@ def test_gymnasium_envs_are_stepped_by_each_process_for_its_members(tmp_path):
     assert_same_state(one, two)  # the same envs, seeded by their index in the job, give the same transitions
     returns = [json.loads((out / "summary.out.json").read_text())["final_returns"] for out in (one, two)]
     assert returns[0] == returns[1]
+
+
+def test_a_process_whose_peers_never_join_stops(tmp_path):
+    start = time.monotonic()
+    procs = start_job(tmp_path, "train", "independent", timeout_s=5, started=(0,))  # process 1 never comes
+    codes = finish(procs, tmp_path, "train")
+    assert codes[0] != 0 and time.monotonic() - start < 60, codes
+    log = log_of(tmp_path, 0, "train")
+    assert "joining the job at 127.0.0.1" in log and "Terminating process" in log, log[-2000:]
+    assert not (tmp_path / "run").exists()  # nothing written
