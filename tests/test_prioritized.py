@@ -112,12 +112,12 @@ def test_q3_root_is_sum_of_leaves_after_updates_with_duplicates(branching, capac
         tree = update(tree, jnp.asarray(indices), jnp.asarray(values, jnp.float32))
         for i, v in zip(indices, values, strict=True):
             reference[i] = v  # the last write of a duplicated index wins
-    np.testing.assert_array_equal(tree_leaves(tree), reference.astype(np.float32))
+    np.testing.assert_array_equal(tree_leaves(tree, capacity), reference.astype(np.float32))
     np.testing.assert_allclose(float(tree_total(tree)), reference.sum(), rtol=1e-5, atol=1e-5)
     # Every parent equals the rebuild from its children, bit for bit, and recomputing again changes nothing.
-    chex.assert_trees_all_equal(tree, tree_from_leaves(tree.levels[-1], branching, capacity))
+    chex.assert_trees_all_equal(tree, tree_from_leaves(tree.levels[-1], branching))
     everything = jnp.arange(capacity)
-    chex.assert_trees_all_equal(tree, update(tree, everything, tree_leaves(tree)))
+    chex.assert_trees_all_equal(tree, update(tree, everything, tree_leaves(tree, capacity)))
 
 
 def test_update_touches_only_the_written_paths():
@@ -131,7 +131,7 @@ def test_update_touches_only_the_written_paths():
 def test_tree_shapes_pad_to_a_power_of_the_branching():
     tree = tree_init(37, 4)
     assert [level.shape[0] for level in tree.levels] == [1, 4, 16, 64]
-    assert tree_leaves(tree).shape == (37,)
+    assert tree_leaves(tree, 37).shape == (37,)
     with pytest.raises(ValueError, match="branching"):
         tree_init(10, 1)
 
@@ -167,14 +167,14 @@ def test_circular_insertion_size_tracking_and_new_rows_at_max_priority():
     state = buf.init(dummy_transition(SPEC))
     state = buf.add(state, rows(0, 3))
     assert state.size.tolist() == [3] and state.insert_pos.tolist() == [3]
-    np.testing.assert_array_equal(tree_leaves(jax.tree.map(lambda x: x[0], state.tree)), [1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(tree_leaves(jax.tree.map(lambda x: x[0], state.tree), 5), [1, 1, 1, 0, 0])
     state = buf.update(state, jnp.array([[0, 1]]), jnp.array([4.0, 0.0]))
     max_p = float(priority_from_td(jnp.array(4.0), 0.6, 1e-6))
     assert float(state.max_priority[0]) == pytest.approx(max_p)
     state = buf.add(state, rows(3, 4))  # rows 3..6 at positions 3, 4, 0, 1
     assert state.size.tolist() == [5] and state.insert_pos.tolist() == [2]
     np.testing.assert_array_equal(state.data.reward[0], [5, 6, 2, 3, 4])
-    leaves = np.array(tree_leaves(jax.tree.map(lambda x: x[0], state.tree)))
+    leaves = np.array(tree_leaves(jax.tree.map(lambda x: x[0], state.tree), 5))
     np.testing.assert_allclose(leaves, [max_p, max_p, 1, max_p, max_p], rtol=1e-6)
 
 

@@ -58,9 +58,14 @@ DEFAULT_EPS = 1e-6
 
 @struct.dataclass
 class SumTree:
-    levels: tuple[jax.Array, ...]  # levels[h] has branching**h nodes (float32); levels[-1] are the leaves
-    branching: int = struct.field(pytree_node=False)
-    capacity: int = struct.field(pytree_node=False)  # leaves >= capacity are padding, priority 0 forever
+    """``levels[h]`` has ``branching**h`` nodes (float32), ``levels[-1]`` are the leaves, those past the capacity
+    padding (priority 0 forever). No static fields (popjax state rule): the branching is the size of level 1."""
+
+    levels: tuple[jax.Array, ...]
+
+    @property
+    def branching(self) -> int:
+        return self.levels[1].shape[-1]
 
 
 def tree_height(capacity: int, branching: int) -> int:
@@ -82,27 +87,27 @@ def _sum_children(blocks: jax.Array) -> jax.Array:
     return total
 
 
-def tree_from_leaves(leaves: jax.Array, branching: int, capacity: int) -> SumTree:
+def tree_from_leaves(leaves: jax.Array, branching: int) -> SumTree:
     """Builds every level from the leaves ``[branching**H]``."""
     levels = [leaves]
     while levels[0].shape[0] > 1:
         levels.insert(0, _sum_children(levels[0].reshape(-1, branching)))
-    return SumTree(tuple(levels), branching, capacity)
+    return SumTree(tuple(levels))
 
 
 def tree_init(capacity: int, branching: int = 4) -> SumTree:
     """An all-zero tree with ``capacity`` usable leaves."""
     leaves = jnp.zeros(branching ** tree_height(capacity, branching), jnp.float32)
-    return tree_from_leaves(leaves, branching, capacity)
+    return tree_from_leaves(leaves, branching)
 
 
 def tree_total(tree: SumTree) -> jax.Array:
     return tree.levels[0][0]
 
 
-def tree_leaves(tree: SumTree) -> jax.Array:
+def tree_leaves(tree: SumTree, capacity: int) -> jax.Array:
     """The ``capacity`` usable leaves (without padding)."""
-    return tree.levels[-1][: tree.capacity]
+    return tree.levels[-1][:capacity]
 
 
 def tree_update(tree: SumTree, indices: jax.Array, priorities: jax.Array) -> SumTree:
