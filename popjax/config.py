@@ -39,6 +39,7 @@ from popjax.schema import (
 __all__ = ["ConfigError", "PARALLEL_MODES", "RunConfig", "check_memory", "make_config", "make_learner_config"]
 
 PARALLEL_MODES = ("sharding", "pmap")
+REPLAY_KINDS = ("uniform", "prioritized")
 MAX_STEPS = 2**30  # env steps per member: int32 counters (plus one iteration) never overflow
 
 
@@ -99,6 +100,15 @@ class RunConfig:
     buffer_size: Int(ge=1, le=INT32_MAX) = Field(
         100_000, description="replay capacity in transitions, per member (shared buffers: in total); "
         "must fit in the machine's memory")
+    buffer: OneOf(REPLAY_KINDS) = Field(
+        "uniform", description="replay sampling: uniform, or prioritized by |TD error| (K-ary sum tree; "
+        "independent and pbt drivers, learners td3 and sac)")
+    per_alpha: Float(ge=0, le=1) = Field(0.6, description="prioritized replay: priority exponent, (|TD| + eps)^alpha "
+                                                          "(popjax default)")
+    per_beta: Float(ge=0, le=1) = Field(0.4, description="prioritized replay: importance-weight exponent "
+                                                         "(popjax default)")
+    per_eps: Float(gt=0, le=1) = Field(1e-6, description="prioritized replay: added to |TD| so no row starves "
+                                                         "(popjax default)")
     eval_interval: Int(ge=1, le=MAX_STEPS) = Field(5_000, description="env steps per member between evaluations")
     eval_episodes: Int(ge=1, le=10_000) = Field(
         5, description="deterministic episodes per member at each evaluation")
@@ -180,6 +190,8 @@ def _check_run(config: RunConfig) -> None:
     if c.pop_size % c.devices:
         fail(f"{c.pop_size} members do not divide over devices={c.devices}; use a multiple of {c.devices}",
              at=("pop_size",), nested=True)
+    if c.buffer == "prioritized" and not DRIVERS[c.driver].prioritized_replay:
+        fail(f"the {c.driver} driver has no prioritized replay (allowed: uniform)", at=("buffer",), nested=True)
     if c.batch_size > c.buffer_size:
         fail(f"{c.batch_size} is larger than buffer_size {c.buffer_size}", at=("batch_size",), nested=True)
     if c.steps_per_iter > c.buffer_size:

@@ -230,6 +230,7 @@ class DriverDef:
       plots: ``run_dir -> [paths]``: the driver's plots (learning curves are drawn for all).
       pmap: whether the driver runs on ``--parallel pmap`` (one program per device).
       replay_transitions: ``config -> int``, replay transitions held in total (memory check).
+      prioritized_replay: whether the driver honours ``buffer: prioritized``.
     """
 
     name: str
@@ -238,6 +239,7 @@ class DriverDef:
     plots: Callable[[Any], list[Path]] = no_plots
     pmap: bool = True
     replay_transitions: Callable[[RunConfig], int] = per_member_buffers
+    prioritized_replay: bool = False
 
     def parse_options(self, config: RunConfig, nested: bool = False) -> DriverOptions:
         """The run's options block of this driver, validated (``ConfigError`` naming ``<name>.<key>``)."""

@@ -8,6 +8,12 @@ layout (``scan`` over K outside, ``vmap`` over members inside). Warm-up is decid
 compiled iteration from the state's counters (a ``cond`` outside the member ``vmap``), so a
 run compiles one iteration, warm-up or not.
 
+With ``buffer: prioritized`` each member's buffer is a prioritized one (``popjax.buffers.prioritized``,
+one bank, the member's own alpha/beta/eps in its state): every one of the K steps samples by priority, calls the
+learner's ``update_weighted`` with the importance weights, and writes the returned ``|TD error|`` back as the
+sampled rows' priorities before the next step samples (no delay), so the K steps are a ``scan`` of single
+updates (a learner's ``update_chunk`` is not used).
+
 ``make_population`` builds these functions for any state with the fields of ``PopState``;
 PBT reuses them.
 """
@@ -20,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from popjax.buffers import BufferState, make_uniform_buffer
+from popjax.buffers import BufferState, make_prioritized_buffer, make_uniform_buffer, per_hyperparams
+from popjax.config import ConfigError
 from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, Episodes, Rollout, train_unless
 from popjax.envs.runner import Experience
 from popjax.learners.base import chunk_update
@@ -32,7 +39,7 @@ class PopState:
     """Per-member learner states, replay buffers and hparams (member axis 0), and the counters."""
 
     learner: Any
-    buffer: BufferState
+    buffer: BufferState  # or a PrioritizedBufferState
     hparams: Any
     counters: Counters
 
@@ -50,7 +57,14 @@ def random_actions(spec: EnvSpec, key: Key, obs: jax.Array) -> jax.Array:
 def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AXES) -> Driver:
     """The independent population's functions, for ``state_cls`` (``PopState`` or one extending its fields)."""
     learner, spec, members, cfg = ctx.learner, ctx.spec, ctx.members, ctx.config
-    buffer = make_uniform_buffer(cfg.buffer_size, cfg.batch_size)
+    prioritized = cfg.buffer == "prioritized"
+    if prioritized and learner.update_weighted is None:
+        raise ConfigError(f"buffer: the {cfg.learner} learner has no prioritized update (allowed: uniform)")
+    buffer = (make_prioritized_buffer(cfg.buffer_size, cfg.batch_size) if prioritized
+              else make_uniform_buffer(cfg.buffer_size, cfg.batch_size))
+    new_buffer = ((lambda: buffer.init(dummy_transition(spec), per_hyperparams(cfg.per_alpha, cfg.per_beta,
+                                                                               cfg.per_eps)))
+                  if prioritized else (lambda: buffer.init(dummy_transition(spec))))
     rollout = Rollout(cfg.rollout_len, cfg.envs_per_member)
     k, chunk = cfg.updates_per_iter, learner.chunk
     v_sample = jax.vmap(buffer.sample)
@@ -63,7 +77,7 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
     def init(key: Key, **extra) -> Any:
         hparams = members.take(ctx.hparams)
         learner_state = jax.vmap(learner.init)(members.keys(key), hparams)
-        buffers = jax.vmap(lambda _: buffer.init(dummy_transition(spec)))(jnp.arange(members.local))
+        buffers = jax.vmap(lambda _: new_buffer())(jnp.arange(members.local))
         return state_cls(learner=learner_state, buffer=buffers, hparams=hparams, counters=Counters.zeros(), **extra)
 
     def act(key: Key, state, obs: jax.Array) -> jax.Array:
@@ -87,11 +101,34 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
         learner_state, metrics = jax.lax.scan(one_chunk, state.learner, step_keys)
         return learner_state, jax.tree.map(lambda m: m.mean(axis=0), metrics)
 
+    def train_prioritized(key: Key, state):
+        """K single steps, each: sample by priority, weighted update, write the new priorities. Returns
+        ``((learner states, buffers), metrics)``; the metrics add ``td_abs``, the mean |TD error| of the batch."""
+        v_update = jax.vmap(learner.update_weighted)
+
+        def one_step(carry, step_key):
+            learner_state, buffers = carry
+            sample_key, update_key = jax.random.split(step_key)
+            batches, info = jax.vmap(buffer.sample)(members.keys(sample_key), buffers)
+            weights = info.weights.reshape(info.weights.shape[0], -1)  # [pop, B] (one bank)
+            learner_state, metrics, td_abs = v_update(members.keys(update_key), learner_state, batches, weights,
+                                                      state.hparams)
+            buffers = jax.vmap(buffer.update)(buffers, info.indices, td_abs)
+            return (learner_state, buffers), {**metrics, "td_abs": td_abs.mean(axis=-1)}
+
+        carry, metrics = jax.lax.scan(one_step, (state.learner, state.buffer), jax.random.split(key, k))
+        return carry, jax.tree.map(lambda m: m.mean(axis=0), metrics)
+
     def learn(key: Key, state, experience: Experience):
         """Adds the rollout to each member's buffer, then trains (after warm-up)."""
         warm = warming_up(state)
         state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, experience.transitions))
-        learner_state, metrics = train_unless(warm, train, key, state, kept=state.learner)
+        if prioritized:
+            (learner_state, buffers), metrics = train_unless(warm, train_prioritized, key, state,
+                                                             kept=(state.learner, state.buffer))
+            state = state.replace(buffer=buffers)
+        else:
+            learner_state, metrics = train_unless(warm, train, key, state, kept=state.learner)
         counters = state.counters.advance(rollout.steps_per_member, jnp.where(warm, 0, k))
         return state.replace(learner=learner_state, counters=counters), metrics
 
@@ -103,4 +140,4 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
                   acting_view=lambda state: state.replace(buffer=None))
 
 
-DEFINITION = DriverDef(name="independent", build=lambda ctx, options: make_population(ctx))
+DEFINITION = DriverDef(name="independent", build=lambda ctx, options: make_population(ctx), prioritized_replay=True)

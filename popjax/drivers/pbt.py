@@ -429,4 +429,4 @@ def pbt_run_plots(run_dir) -> list:
     return written
 
 
-DEFINITION = DriverDef(name="pbt", build=build, options=PBTOptions, plots=pbt_run_plots)
+DEFINITION = DriverDef(name="pbt", build=build, options=PBTOptions, plots=pbt_run_plots, prioritized_replay=True)

@@ -32,6 +32,10 @@ class Learner(NamedTuple):
     ``chunk`` consecutive updates at once, equal in result to ``chunk`` calls of ``update`` with
     those keys and batches but free to skip work ``update`` would discard (TD3 with a fixed
     policy delay); its metrics are means over the chunk. Population code scans chunks.
+
+    Optional, for prioritized replay: ``update_weighted(key, state, batch, weights [B], hparams)
+    -> (state, metrics, td_abs [B])`` is ``update`` with the TD loss of sample ``i`` weighted by
+    ``weights[i]`` (importance weights) and returning ``|TD error|`` per sample (the new priorities).
     """
 
     init: Callable[[Key, Any], Any]
@@ -40,6 +44,7 @@ class Learner(NamedTuple):
     policy: Callable[[Any, jax.Array], jax.Array]
     chunk: int = 1
     update_chunk: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
+    update_weighted: Callable[[Key, Any, Transition, jax.Array, Any], tuple[Any, Metrics, jax.Array]] | None = None
 
 
 def chunk_update(learner: Learner) -> Callable:

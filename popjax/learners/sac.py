@@ -138,9 +138,12 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
         mean, log_std = actor_net.apply(actor_params, obs)
         return squashed_gaussian(mean, log_std, jax.random.normal(key, mean.shape))
 
-    def critic_loss_fn(critic_params, batch: Transition, y: jax.Array):
+    def critic_loss_fn(critic_params, batch: Transition, y: jax.Array, weights: jax.Array | None):
         q = critic_net.apply(critic_params, batch.obs, batch.action)  # [2, B]
-        return 0.5 * jnp.sum(jnp.mean((q - y) ** 2, axis=-1)), q
+        squared = (q - y) ** 2
+        if weights is not None:  # importance weights of prioritized replay, per sample
+            squared = weights * squared
+        return 0.5 * jnp.sum(jnp.mean(squared, axis=-1)), q
 
     def actor_loss_fn(actor_params, critic_params, obs, alpha, key):
         action, log_prob = sample(key, actor_params, obs)
@@ -150,7 +153,8 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
     def alpha_loss_fn(log_alpha, log_prob, target_entropy):
         return jnp.mean(-log_alpha * jax.lax.stop_gradient(log_prob + target_entropy))
 
-    def update(key: Key, state: SACState, batch: Transition, hp: SACHParams):
+    def update_weighted(key: Key, state: SACState, batch: Transition, weights: jax.Array | None, hp: SACHParams):
+        """``update`` with the critic loss weighted per sample; also ``|TD error|`` (the larger twin's)."""
         key_next, key_actor = jax.random.split(key)
         alpha = jnp.exp(state.log_alpha)
         target_entropy = -hp.target_entropy_scale * spec.action_dim
@@ -160,7 +164,8 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
         next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action).min(axis=0)
         y = batch.reward * hp.reward_scale + hp.discount * (1.0 - batch.terminated) * (next_q - alpha * next_log_prob)
         y = jax.lax.stop_gradient(y)
-        (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(state.critic, batch, y)
+        (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
+            state.critic, batch, y, weights)
         critic, critic_opt = adam_step(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
 
         # Actor, through the just-updated critic.
@@ -191,7 +196,10 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
             "entropy": -jnp.mean(log_prob),
             "q_mean": q.mean(),
         }
-        return new_state, metrics
+        return new_state, metrics, jnp.abs(q - y).max(axis=0)
+
+    def update(key: Key, state: SACState, batch: Transition, hp: SACHParams):
+        return update_weighted(key, state, batch, None, hp)[:2]
 
     def policy(state: SACState, obs: jax.Array) -> jax.Array:
         mean, _ = actor_net.apply(state.actor, obs)
@@ -202,7 +210,7 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
         action, _ = sample(key, state.actor, obs)
         return action
 
-    return Learner(init=init, update=update, act=act, policy=policy)
+    return Learner(init=init, update=update, act=act, policy=policy, update_weighted=update_weighted)
 
 
 DEFINITION = LearnerDef(

@@ -91,10 +91,13 @@ def default_hparams(config: TD3Config | None = None) -> TD3HParams:
     )
 
 
-def critic_loss_fn(critic_params, critic_net, batch: Transition, target_q: jax.Array):
-    """Sum over the twin critics of the mean squared TD error."""
+def critic_loss_fn(critic_params, critic_net, batch: Transition, target_q: jax.Array, weights: jax.Array | None = None):
+    """Sum over the twin critics of the mean squared TD error (sample i weighted by ``weights[i]`` if given)."""
     q = critic_net.apply(critic_params, batch.obs, batch.action)  # [2, B]
-    return jnp.sum(jnp.mean((q - target_q) ** 2, axis=-1)), q
+    squared = (q - target_q) ** 2
+    if weights is not None:
+        squared = weights * squared
+    return jnp.sum(jnp.mean(squared, axis=-1)), q
 
 
 def target_q(key: Key, actor_net, critic_net, target_actor: PyTree, target_critic: PyTree, batch: Transition,
@@ -130,13 +133,14 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
             steps=jnp.zeros((), jnp.int32),
         )
 
-    def critic_update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams):
+    def critic_update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams, weights=None):
+        """Also returns ``|TD error|`` per sample, the larger of the twin critics' (as LAP, Fujimoto et al. 2020)."""
         y = target_q(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
         (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
-            state.critic, critic_net, batch, y
+            state.critic, critic_net, batch, y, weights
         )
         critic, critic_opt = adam_step(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
-        return critic, critic_opt, critic_loss, q
+        return critic, critic_opt, critic_loss, q, jnp.abs(q - y).max(axis=0)
 
     def actor_update(state: TD3State, critic: PyTree, batch: Transition, hp: TD3HParams):
         actor_loss, actor_grads = jax.value_and_grad(
@@ -144,8 +148,8 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
         actor, actor_opt = adam_step(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
         return actor, actor_opt, actor_loss
 
-    def update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams):
-        critic, critic_opt, critic_loss, q = critic_update(key, state, batch, hp)
+    def update_weighted(key: Key, state: TD3State, batch: Transition, weights: jax.Array | None, hp: TD3HParams):
+        critic, critic_opt, critic_loss, q, td_abs = critic_update(key, state, batch, hp, weights)
         actor, actor_opt, actor_loss = actor_update(state, critic, batch, hp)
         is_policy_step = (state.steps + 1) % hp.policy_delay == 0
         actor, actor_opt = select(is_policy_step, (actor, actor_opt), (state.actor, state.actor_opt))
@@ -162,21 +166,24 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
             steps=state.steps + 1,
         )
         metrics = {"critic_loss": critic_loss, "actor_loss": actor_loss, "q_mean": q.mean()}
-        return new_state, metrics
+        return new_state, metrics, td_abs
+
+    def update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams):
+        return update_weighted(key, state, batch, None, hp)[:2]
 
     def update_chunk(keys: Key, state: TD3State, batches: Transition, hp: TD3HParams):
         """``d`` updates (``fixed_policy_delay``): ``d - 1`` critic-only steps, then the policy step."""
 
         def critic_only(state, xs):
             key, batch = xs
-            critic, critic_opt, critic_loss, q = critic_update(key, state, batch, hp)
+            critic, critic_opt, critic_loss, q, _ = critic_update(key, state, batch, hp)
             return state.replace(critic=critic, critic_opt=critic_opt, steps=state.steps + 1), (critic_loss, q.mean())
 
         head = jax.tree.map(lambda x: x[:-1], (keys, batches))
         # unrolled: d - 1 is small, and XLA's cost analysis then counts every step (it counts a loop body once)
         state, (critic_losses, q_means) = jax.lax.scan(critic_only, state, head, unroll=True)
         batch = jax.tree.map(lambda x: x[-1], batches)
-        critic, critic_opt, critic_loss, q = critic_update(keys[-1], state, batch, hp)
+        critic, critic_opt, critic_loss, q, _ = critic_update(keys[-1], state, batch, hp)
         actor, actor_opt, actor_loss = actor_update(state, critic, batch, hp)
         new_state = TD3State(actor=actor, critic=critic, target_actor=polyak(state.target_actor, actor, hp.tau),
                              target_critic=polyak(state.target_critic, critic, hp.tau), actor_opt=actor_opt,
@@ -194,7 +201,7 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
 
     delay = config.fixed_policy_delay
     return Learner(init=init, update=update, act=act, policy=policy, chunk=delay or 1,
-                   update_chunk=update_chunk if delay else None)
+                   update_chunk=update_chunk if delay else None, update_weighted=update_weighted)
 
 
 def specialize(config: TD3Config, hparams: TD3HParams, updates_per_call: int, searched: frozenset[str]) -> TD3Config:
