@@ -1,10 +1,15 @@
 """``buffer: prioritized`` in a run: TD3 and SAC train through the independent driver and write priorities."""
 
+import shutil
+
 import jax
 import numpy as np
 import pytest
+from learner_helpers import assert_trees_equal
 
+import popjax
 from popjax.buffers.prioritized import tree_leaves
+from popjax.checkpoint import Checkpointer
 from popjax.config import ConfigError, make_config
 from popjax.experiment import build
 from popjax.learners import LEARNERS
@@ -54,3 +59,20 @@ def test_prioritized_replay_is_refused_where_it_is_not_supported():
         make_config(learner="td3", driver="cemrl", **BASE)
     with pytest.raises(ConfigError, match="no prioritized update"):
         build(make_config(learner="dqn", **{**BASE, "env": "probe:cartpole"}))
+
+
+def test_pbt_with_prioritized_replay_resumes_exactly(tmp_path):
+    """PBT copies prioritized buffers with their trees; a kill and ``resume`` restores them leaf for leaf."""
+    opts = dict(BASE, learner="td3", pop_size=4, checkpoint_interval=50, driver="pbt",
+                pbt={"interval": 100, "quantile": 0.25, "copy_buffer": True})
+    full = popjax.train(out_dir=tmp_path / "full", **opts)
+    assert full.summary["lineage"]
+    cut = tmp_path / "cut"
+    shutil.copytree(full.out_dir, cut)
+    (cut / "summary.json").unlink()
+    checkpoints = Checkpointer(cut / "checkpoints")
+    for step in checkpoints.steps()[1:]:
+        checkpoints.delete(step)
+    checkpoints.close()
+    resumed = popjax.resume(cut)
+    assert_trees_equal(resumed.state, full.state)
