@@ -194,6 +194,16 @@ def test_samples_only_valid_rows_and_priorities_drive_sampling():
     np.testing.assert_allclose(info.weights, 1.0)
 
 
+def test_non_finite_td_errors_write_the_max_priority():
+    buf = make_prioritized_buffer(capacity=8, batch_size=4)
+    state = buf.add(buf.init(dummy_transition(SPEC)), rows(0, 8))
+    state = buf.update(state, jnp.array([[0, 1, 2]]), jnp.array([jnp.nan, jnp.inf, 2.0]))
+    leaves = np.asarray(tree_leaves(jax.tree.map(lambda x: x[0], state.tree), 8))
+    max_p = float(priority_from_td(jnp.array(2.0), 0.6, 1e-6))
+    np.testing.assert_allclose(leaves[:3], [1.0, 1.0, max_p], rtol=1e-6)
+    assert np.isfinite(np.asarray(state.tree.levels[0])).all() and float(state.max_priority[0]) == max_p
+
+
 def test_banks_take_env_slices_round_robin():
     buf = make_prioritized_buffer(capacity=12, batch_size=6, banks=3)
     state = buf.init(dummy_transition(SPEC))

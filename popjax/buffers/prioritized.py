@@ -222,6 +222,9 @@ def make_prioritized_buffer(capacity: int, batch_size: int, banks: int = 1, bran
     """A prioritized ring buffer of ``capacity`` rows split into ``banks`` equal banks.
 
     ``capacity`` and ``batch_size`` must be multiples of ``banks``; ``add`` takes a multiple of ``banks`` items.
+    ``branching`` K = 4 by default: a rough timing on the 2-core CPU (jitted ``tree_sample`` + ``tree_update``,
+    N in {1e5, 1e6}, B in {256, 4096}, K in {2, 4, 8, 16, 32}) put K = 4 among the fastest everywhere; K = 2
+    updates up to 2x slower, K >= 16 samples up to 3x slower at B = 4096.
     """
     if capacity <= 0 or batch_size <= 0 or banks <= 0:
         raise ValueError(f"capacity, batch_size and banks must be positive, got {capacity}, {batch_size}, {banks}")
@@ -277,9 +280,14 @@ def make_prioritized_buffer(capacity: int, batch_size: int, banks: int = 1, bran
         return batch, SampleInfo(indices, probabilities, weights, totals / jnp.sum(totals))
 
     def update(state: PrioritizedBufferState, indices: jax.Array, td_errors: jax.Array) -> PrioritizedBufferState:
-        """Writes ``(|td| + eps)**alpha`` at ``indices`` (``[banks, b]``, as in ``SampleInfo``; td may be ``[B]``)."""
+        """Writes ``(|td| + eps)**alpha`` at ``indices`` (``[banks, b]``, as in ``SampleInfo``; td may be ``[B]``).
+
+        A non-finite TD error (a diverged member) writes the bank's max priority instead: one NaN leaf would make
+        every later sum NaN, and the tree would stay poisoned after PBT replaced the member's learner.
+        """
         td_errors = td_errors.reshape(indices.shape)
         priorities = priority_from_td(td_errors, state.hyper.alpha, state.hyper.eps)
+        priorities = jnp.where(jnp.isfinite(priorities), priorities, state.max_priority[:, None])
         tree = jax.vmap(tree_update)(state.tree, indices, priorities)
         return state.replace(tree=tree, max_priority=jnp.maximum(state.max_priority, priorities.max(axis=-1)))
 
