@@ -77,6 +77,8 @@ class SPOConfig:
         "average", description="optimizer state at each averaging: averaged, kept per replica, or reset")
     mode: schema.OneOf(("local_sgd", "dp")) = Field(
         "local_sgd", description="local_sgd: average every H steps; dp: average gradients every step (baseline)")
+    batch_size: BatchSize = Field(256, description="transitions per local step (the run's batch_size), split over the "
+                                                   "replicas")
 
     @pydantic.model_validator(mode="after")
     def _check(self):
@@ -160,7 +162,6 @@ def is_copy_round(steps: jax.Array, config: SPOConfig) -> jax.Array:
 @schema.dataclass
 class SPODQNConfig(SPOConfig):
     hidden: Hidden = Field((256, 256), description="hidden layer sizes of the Q-network (its MLP head with cnn)")
-    batch_size: BatchSize = Field(256, description="transitions per round step, split over the replicas")
     # F * H = 500 updates at H = 10: plain DQN's target period (spec §1.6)
     target_rounds: schema.Int(ge=1, le=1_000_000) = Field(
         50, description="rounds F between two hard target copies (F counts rounds, not steps)")
@@ -222,7 +223,6 @@ def make_spo_dqn(config: SPODQNConfig, spec: EnvSpec) -> Learner:
 @schema.dataclass
 class SPOTD3Config(SPOConfig):
     hidden: Hidden = Field((256, 256), description="hidden layer sizes of the actor and of each critic")
-    batch_size: BatchSize = Field(256, description="transitions per round step, split over the replicas")
     naive: schema.Bool = Field(False, description="one phase: local actors follow local critics (diverging variant)")
 
 
