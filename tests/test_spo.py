@@ -16,6 +16,7 @@ from learner_helpers import (
     assert_trees_equal,
     fast_compile,  # noqa: F401  (autouse fixture)
     random_batch,
+    train_cut_and_resume,
     trees_differ,
     with_values,
 )
@@ -378,3 +379,19 @@ def test_a_population_of_spo_learners_trains(learner, env, tmp_path):
     leaf = jax.tree.leaves(params)[0]
     assert leaf.shape[:2] == (2, 2) and np.isfinite(np.asarray(leaf)).all()
     assert int(run.state.learner.steps[0]) == (200 - 50) // 10 * 10  # K = 10 local steps (2 rounds) per iteration
+
+
+def test_spo_resume_equals_uninterrupted_run(tmp_path):
+    options = {**RUN, "learner": "spo_dqn", "learner_config": {"hidden": [8], "local_steps": 5, "target_rounds": 2}}
+    full, resumed = train_cut_and_resume(tmp_path, options, cut_env_steps=100)
+    assert resumed.summary["final_returns"] == full.summary["final_returns"]
+    assert_trees_equal(resumed.state, full.state)
+
+
+def test_spo_dqn_solves_the_chain_probe(tmp_path):
+    # reward 1 for action 2 of 3 (as test_learning's DQN check), with 2 replicas averaging every 5 steps
+    run = popjax.train(learner="spo_dqn", env="probe:chain", total_env_steps=1000, eval_interval=1000, pop_size=2,
+                       rollout_len=10, warmup_steps=100, eval_episodes=4, batch_size=32, buffer_size=2000,
+                       learner_config={"hidden": [32, 32], "replicas": 2, "local_steps": 5}, progress=False,
+                       out_dir=tmp_path)
+    assert min(run.summary["final_returns"]) == 1.0
