@@ -30,6 +30,9 @@ Choices the thesis leaves open (documented deviations, §1.6 / §6.7):
   the averaged critic, average actor. No Polyak, no policy delay (hence no ``tau``/``policy_delay``
   hparams). ``naive``: one phase, each replica's actor follows its local critic (the thesis's
   diverging variant, for comparison); targets stay frozen in both.
+- Target copies after rounds F, 2F, ... (Alg. 7/8 test ``e mod F == 0`` from e = 0, i.e. also after the
+  first round); this way R = 1 SPO-DQN equals DQN with ``target_update_period = H * F`` (test L5).
+- Not here: banked PER (replicas slice the member's uniform buffer sample) and a Polyak-at-averaging flag.
 """
 
 from __future__ import annotations
@@ -238,6 +241,7 @@ class SPOTD3HParams:
 
 def default_td3_hparams(config: SPOTD3Config | None = None) -> SPOTD3HParams:
     """TD3's defaults for the fields SPO-TD3 uses (no ``tau``: hard copies; no ``policy_delay``)."""
+    del config
     d = td3.default_hparams()
     return SPOTD3HParams(actor_lr=d.actor_lr, critic_lr=d.critic_lr, discount=d.discount,
                          exploration_noise=d.exploration_noise, target_noise=d.target_noise, noise_clip=d.noise_clip)
