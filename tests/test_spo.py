@@ -1,4 +1,4 @@
-"""SPO local-SGD replicas (spec spo-per-memr.md §5 L1a-L5): the averaging core on a toy loss, SPO-DQN and
+"""SPO local-SGD replicas (tests L1a-L5): the averaging core on a toy loss, SPO-DQN and
 SPO-TD3 against hand-written per-replica loops, the dp baseline, populations, bad inputs, a short run."""
 
 from __future__ import annotations

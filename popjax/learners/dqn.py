@@ -15,8 +15,7 @@
   ``epsilon_end``. A driver that does ``k`` env steps per update should divide an
   env-step horizon by ``k``.
 
-Defaults are not from the fast-PBT paper (it reports no DQN training run, population-core
-reference §3.3); each one below names its source.
+Defaults are not from the fast-PBT paper (it reports no DQN training run); each one below names its source.
 """
 
 from __future__ import annotations

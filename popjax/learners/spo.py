@@ -1,6 +1,6 @@
 """SPO (Scalable Policy Optimization; Zhang 2022, PhD thesis Ch. 5): local-SGD learner replicas.
 
-Spec: ``spo-per-memr.md`` §1.2 and §1.6. A member holds R replicas of a base learner's online networks
+A member holds R replicas of a base learner's online networks
 and optimizer states (leading axis ``[R]``; a population of SPO learners is ``[N, R, ...]``, one
 compiled call) and ONE copy of the target networks: replicas never differ in them.
 
@@ -17,7 +17,7 @@ iteration are K/H rounds (``specialize`` checks that H divides K).
 Contract change: ``update`` is None. A lone local step is no state transition of SPO (SPO-TD3's actor
 phase needs the round's H batches), so drivers call ``update_chunk`` through ``chunk_update``.
 
-Choices the thesis leaves open (documented deviations, §1.6 / §6.7):
+Choices the thesis leaves open (documented deviations):
 - ``opt_state``: ``average`` (default; Adam moments averaged with the weights, replicas stay
   identical after a sync), ``local`` (each replica keeps its own) or ``reset`` (zeroed each round;
   Adam restarts its bias correction). No learning-rate scaling with R.
@@ -165,7 +165,7 @@ def is_copy_round(steps: jax.Array, config: SPOConfig) -> jax.Array:
 @schema.dataclass
 class SPODQNConfig(SPOConfig):
     hidden: Hidden = Field((256, 256), description="hidden layer sizes of the Q-network (its MLP head with cnn)")
-    # F * H = 500 updates at H = 10: plain DQN's target period (spec §1.6)
+    # F * H = 500 updates at H = 10: plain DQN's target period
     target_rounds: schema.Int(ge=1, le=1_000_000) = Field(
         50, description="rounds F between two hard target copies (F counts rounds, not steps)")
     double_q: schema.Bool = Field(True, description="double Q target, actions selected by the last averaged network")
