@@ -1,6 +1,6 @@
 """CEM-RL (pop 10, 5 trained, shared critic) vs plain TD3 at one env-step budget, shared code.
 
-Used by ``cemrl_pendulum.py`` (reference §8 R3) and ``cemrl_halfcheetah.py``:
+Used by ``cemrl_pendulum.py`` (R3) and ``cemrl_halfcheetah.py``:
 
     .venv/bin/python experiments/cemrl_<name>.py [--budget N] [--seeds 0,1,2]
         [--orders vectorized,sequential] [--env ENV] [--hidden 64,64] [--out runs/cemrl_<name>]

@@ -1,4 +1,4 @@
-"""CEM-RL (pop 10, 5 trained, shared critic) vs plain TD3 on Pendulum at one env-step budget (reference §8 R3).
+"""CEM-RL (pop 10, 5 trained, shared critic) vs plain TD3 on Pendulum at one env-step budget (R3).
 
     .venv/bin/python experiments/cemrl_pendulum.py [--budget 50000] [--seeds 0,1,2]
         [--orders vectorized,sequential] [--env probe:pendulum] [--out runs/cemrl_pendulum]

@@ -1,6 +1,6 @@
 """DvD (5 TD3 actors, shared critic, scheduled diversity) vs weight 0 vs plain TD3, shared code.
 
-Used by ``dvd_pendulum.py`` (reference §8 R4) and ``dvd_halfcheetah.py``:
+Used by ``dvd_pendulum.py`` (R4) and ``dvd_halfcheetah.py``:
 
     .venv/bin/python experiments/dvd_<name>.py [--budget N] [--seeds 0,1]
         [--variants dvd,dvd_release_kernel,weight0] [--env ENV] [--hidden 64,64] [--out runs/dvd_<name>]

@@ -1,4 +1,4 @@
-"""DvD (5 TD3 actors, shared critic, scheduled diversity) vs weight 0 vs plain TD3 on Pendulum (reference §8 R4).
+"""DvD (5 TD3 actors, shared critic, scheduled diversity) vs weight 0 vs plain TD3 on Pendulum (R4).
 
     .venv/bin/python experiments/dvd_pendulum.py [--budget 50000] [--seeds 0,1]
         [--variants dvd,dvd_release_kernel,weight0] [--env probe:pendulum] [--out runs/dvd_pendulum]

@@ -1,4 +1,4 @@
-"""CEM ask/tell (reference §5.2, test T8), the masked shared-buffer add and CEM-RL end to end."""
+"""CEM ask/tell (test T8), the masked shared-buffer add and CEM-RL end to end."""
 
 import csv
 import json

@@ -1,4 +1,4 @@
-"""Invariants every learner must pass (DESIGN §11, population-core reference §9 T1, T2, T5, T6)."""
+"""Invariants every learner must pass (T1, T2, T5, T6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prioritized replay: K-ary sum tree (spec tests Q1-Q4), banks (B1), the buffer API, vmap over members."""
+"""Prioritized replay: K-ary sum tree (tests Q1-Q4), banks (B1), the buffer API, vmap over members."""
 
 import chex
 import jax

@@ -1,4 +1,4 @@
-"""The vectorized shared-critic TD3 step (CEM-RL / DvD): reference §5.2 and test T7."""
+"""The vectorized shared-critic TD3 step (CEM-RL / DvD): test T7."""
 
 import functools
 

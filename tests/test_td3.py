@@ -1,4 +1,4 @@
-"""TD3: hand-computed losses and the traced policy delay (population-core reference §9 T4)."""
+"""TD3: hand-computed losses and the traced policy delay."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Shared benchmark machinery: timing, machine description, devices, memory, JSON and plots.
 
-Timing rules (DESIGN.md §10, population-core reference §2.3 and §10.9):
+Timing rules:
 
 - compile time is measured separately (AOT ``lower().compile()``), never mixed into run time;
 - every timed call blocks on **every leaf** of its output (``jax.block_until_ready``);

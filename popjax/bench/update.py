@@ -144,7 +144,7 @@ def problem(
         return Problem(name, spec, config, k or 50)
     if name == "dqn":
         spec = EnvSpec("dqn-atari-shapes", (frame, frame, 4), num_actions=18)
-        # Nature DQN head (512,), double Q, Huber; the paper's timing config (reference §3.3).
+        # Nature DQN head (512,), double Q, Huber; the paper's timing config.
         config = definition.config_cls(
             hidden=tuple(hidden or (512,)),
             batch_size=batch_size or 32,

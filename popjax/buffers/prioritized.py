@@ -1,8 +1,9 @@
 """Prioritized experience replay over a K-ary sum tree, in pure JAX, with R banks per member.
 
-Sum tree (spec §2.1, §2.3): a tuple of per-level arrays, ``levels[0]`` the root ``[1]`` and ``levels[-1]`` the
-``K**H`` leaves; the capacity is padded up to ``K**H`` and padded leaves keep priority 0. Shapes are static, so one
-tree, a population of trees ``[N, ...]`` and banked trees ``[N, R, ...]`` are the same code under ``vmap``.
+Sum tree (K-ary, as in Zhang's 2022 thesis, Ch. 3-4): a tuple of per-level arrays, ``levels[0]`` the root ``[1]``
+and ``levels[-1]`` the ``K**H`` leaves; the capacity is padded up to ``K**H`` and padded leaves keep priority 0.
+Shapes are static, so one tree, a population of trees ``[N, ...]`` and banked trees ``[N, R, ...]`` are the same
+code under ``vmap``.
 
 - ``tree_sample``/``tree_find``: prefix-sum descent. At each level the K children of the current node are gathered
   and cumulated; the child is the number of cumulated sums ``<= target`` (so a leading zero-priority child is skipped
@@ -17,7 +18,7 @@ Replay buffer: ``make_prioritized_buffer`` mirrors ``make_uniform_buffer`` (``in
 items)`` with circular insertion and size tracking, ``sample(key, state)``, ``can_sample``) and adds
 ``update(state, indices, td_errors)``. ``sample`` returns ``(batch, info)``: the batch is bank-major ``[batch_size,
 ...]`` like the uniform buffer's, ``info`` carries what a learner needs to weight its loss and write priorities back
-(possibly later: the indices are explicit, so a FIFO of them gives the thesis's priority-update delay D, §2.2).
+(possibly later: the indices are explicit, so a FIFO of them gives the thesis's priority-update delay D, Ch. 4).
 
 popjax's choices (the thesis gives none of these for Ch. 4-5): priority ``(|delta| + eps)**alpha`` with defaults
 alpha=0.6, beta=0.4, eps=1e-6 (the usual Schaul et al. recipe), held as traced arrays in the buffer state so that
@@ -25,10 +26,11 @@ each member has its own and PBT may change them; new rows enter with the bank's 
 1); IS weights ``(N * P(i))**-beta / max w`` with N the bank's valid rows, P the bank-local probability and the max
 taken over the sampled batch of that bank (not over the whole buffer).
 
-Banks (SPO, spec §1.2, §1.6, pitfall 6): each member has R banks of ``capacity // R`` rows, each with its own tree and
-its own max priority; each bank draws ``batch_size // R`` rows. ``add`` splits the items into R contiguous slices (env
-slice r -> bank r) and rotates that assignment by one bank per call, so every bank sees every env. The bank-local
-probability times ``info.bank_share`` (bank sum / global sum, the factor of Eq. 5.4 and test B1) is the global one.
+Banks (SPO, thesis Ch. 5): each member has R banks of ``capacity // R`` rows, each with its own tree and its own
+max priority (priorities are per bank); each bank draws ``batch_size // R`` rows. ``add`` splits the items into R
+contiguous slices (env slice r -> bank r) and rotates that assignment by one bank per call, so every bank sees every
+env. The bank-local probability times ``info.bank_share`` (bank sum / global sum, the factor of the thesis's
+Eq. 5.4) is the global one.
 
 Why not flashbax (0.1.3, the registry's JAX replay library; inspected, not installed): it imports and runs with jax
 0.10.2 (it only asks for jax>=0.4.25, but pulls in tensorstore), yet its sum tree is binary only (flat array, depth

@@ -1,7 +1,7 @@
 """Diagonal cross-entropy method (sep-CEM) as pure ``ask`` / ``tell`` functions over a jnp state.
 
 Semantics are those of the CEM-RL release (Pourchot & Sigaud 2019, ``sepCEM`` in ``ES.py``)
-as used by the fast-PBT paper (reference §5.2), which produced the published curves:
+as used by the fast-PBT paper, which produced the published curves:
 
 - ``init_var`` (1e-2 in the fast-PBT paper, raised from CEM-RL's 1e-3) is a **variance**
   (the release calls it ``sigma_init`` / ``initial_diagonal_std`` but uses it as one);

@@ -1,4 +1,4 @@
-"""CEM-RL (Pourchot & Sigaud 2019) with the fast-PBT vectorized shared critic (reference §5).
+"""CEM-RL (Pourchot & Sigaud 2019) with the fast-PBT vectorized shared critic.
 
 One iteration is one generation:
 

@@ -1,4 +1,4 @@
-"""DvD (Parker-Holder et al. 2020) as in the fast-PBT paper: shared critic + diversity term (reference §6).
+"""DvD (Parker-Holder et al. 2020) as in the fast-PBT paper: shared critic + diversity term.
 
 ``pop`` TD3 actors share one critic (``popjax.learners.shared_critic``); every member acts in
 its own envs with exploration noise and all transitions go into one shared replay buffer
@@ -23,9 +23,8 @@ The diversity weight comes from one of two sources:
   first draws are uniform, to seed the posteriors). Until the first evaluation the weight is 0.
   The counts and the chosen weight live in the state (``DvDState.bandit``), so the draw is part
   of the compiled ``after_eval``; ``summary.json`` reports them. Reward definition and arms
-  follow Parker-Holder et al. 2020 as
-  summarised in reference §6; that paper is not in ``shared/papers``, so details such as the
-  number of uniform first draws are this library's choice.
+  follow Parker-Holder et al. 2020; details the paper leaves open, such as the
+  number of uniform first draws, are this library's choice.
 
 Iterations are the independent driver's (rollout, add, K steps after warm-up), with one
 shared buffer and the shared-critic step; on ``--parallel pmap`` each device's members add

@@ -8,7 +8,7 @@ its state adds a ``PBTRecord`` (fitness window, counts, last round), so the whol
 after an evaluation (record the returns, check readiness, exploit and explore) is one
 compiled ``after_eval``; only the lineage is written on the host.
 
-Choices (reference/population-core.md §4.3):
+Choices:
   * The loser copies the parent's **whole learner state**: networks, targets, optimizer
     states and step counters (the release copies only the policy). The replay buffer is
     copied too with ``copy_buffer=True``; by default each member keeps its own data.

@@ -33,13 +33,17 @@ class Learner(NamedTuple):
     those keys and batches but free to skip work ``update`` would discard (TD3 with a fixed
     policy delay); its metrics are means over the chunk. Population code scans chunks.
 
+    ``update`` is None when a chunk is the learner's smallest state transition (SPO: a round of
+    ``chunk`` local steps and an averaging); population code then calls ``update_chunk`` only,
+    through ``chunk_update``, and K updates per call must be a multiple of ``chunk``.
+
     Optional, for prioritized replay: ``update_weighted(key, state, batch, weights [B], hparams)
     -> (state, metrics, td_abs [B])`` is ``update`` with the TD loss of sample ``i`` weighted by
     ``weights[i]`` (importance weights) and returning ``|TD error|`` per sample (the new priorities).
     """
 
     init: Callable[[Key, Any], Any]
-    update: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]]
+    update: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None
     act: Callable[[Key, Any, jax.Array, Any], jax.Array]
     policy: Callable[[Any, jax.Array], jax.Array]
     chunk: int = 1

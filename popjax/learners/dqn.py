@@ -15,8 +15,7 @@
   ``epsilon_end``. A driver that does ``k`` env steps per update should divide an
   env-step horizon by ``k``.
 
-Defaults are not from the fast-PBT paper (it reports no DQN training run, population-core
-reference §3.3); each one below names its source.
+Defaults are not from the fast-PBT paper (it reports no DQN training run); each one below names its source.
 """
 
 from __future__ import annotations
@@ -87,6 +86,25 @@ def epsilon(hp: DQNHParams, steps: jax.Array) -> jax.Array:
     return hp.epsilon_start + frac * (hp.epsilon_end - hp.epsilon_start)
 
 
+def td_target(q_net, selector: PyTree, target_params: PyTree, batch: Transition, discount: jax.Array,
+              double_q: bool) -> jax.Array:
+    """``r + discount * (1 - terminated) * Q_target(s', a*)``; ``a*`` is the argmax of ``Q_selector`` (double Q)
+    or of ``Q_target``. ``selector`` is a parameter (SPO selects with its last averaged network)."""
+    next_q_target = q_net.apply(target_params, batch.next_obs)  # [B, A]
+    next_action = jnp.argmax(q_net.apply(selector, batch.next_obs) if double_q else next_q_target, axis=-1)
+    next_q = jnp.take_along_axis(next_q_target, next_action[..., None], axis=-1)[..., 0]
+    return batch.reward + discount * (1.0 - batch.terminated) * next_q
+
+
+def q_loss(params: PyTree, q_net, batch: Transition, y: jax.Array, huber: bool):
+    """``(mean_batch(huber_1 or square of Q(s, a) - y), Q(s, a))``."""
+    q_all = q_net.apply(params, batch.obs)
+    q = jnp.take_along_axis(q_all, batch.action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    td = q - y
+    loss = optax.huber_loss(td, delta=1.0) if huber else td**2
+    return jnp.mean(loss), q
+
+
 def make_dqn(config: DQNConfig, spec: EnvSpec) -> Learner:
     q_net = QNetwork(config.hidden, spec.num_actions, dueling=config.dueling, cnn=config.cnn)
 
@@ -100,26 +118,11 @@ def make_dqn(config: DQNConfig, spec: EnvSpec) -> Learner:
             steps=jnp.zeros((), jnp.int32),
         )
 
-    def td_target(state: DQNState, batch: Transition, hp: DQNHParams) -> jax.Array:
-        next_q_target = q_net.apply(state.target_params, batch.next_obs)  # [B, A]
-        if config.double_q:
-            next_action = jnp.argmax(q_net.apply(state.params, batch.next_obs), axis=-1)
-        else:
-            next_action = jnp.argmax(next_q_target, axis=-1)
-        next_q = jnp.take_along_axis(next_q_target, next_action[..., None], axis=-1)[..., 0]
-        return batch.reward + hp.discount * (1.0 - batch.terminated) * next_q
-
-    def loss_fn(params, batch: Transition, y: jax.Array):
-        q_all = q_net.apply(params, batch.obs)
-        q = jnp.take_along_axis(q_all, batch.action[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        td = q - y
-        loss = optax.huber_loss(td, delta=1.0) if config.huber else td**2
-        return jnp.mean(loss), q
-
     def update(key: Key, state: DQNState, batch: Transition, hp: DQNHParams):
         del key  # the update is deterministic; randomness enters only in `act`
-        y = jax.lax.stop_gradient(td_target(state, batch, hp))
-        (loss, q), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, y)
+        y = jax.lax.stop_gradient(td_target(q_net, state.params, state.target_params, batch, hp.discount,
+                                            config.double_q))
+        (loss, q), grads = jax.value_and_grad(q_loss, has_aux=True)(state.params, q_net, batch, y, config.huber)
         params, opt = adam_step(state.params, grads, state.opt, hp.lr)
         steps = state.steps + 1
         target_params = select(steps % config.target_update_period == 0, params, state.target_params)

@@ -1,7 +1,7 @@
 """SAC with automatic entropy tuning (Haarnoja et al. 2018b) as a pure single-member learner.
 
 One gradient step per ``update``, in the order critic -> actor -> alpha (the order of the
-fast-PBT reference code, population-core reference §3.2):
+fast-PBT reference code):
 
 - critic: ``0.5 * mean_batch((Q_i(s, a) - y)^2)`` **summed** over the two heads, with
   ``y = r * reward_scale + gamma * (1 - terminated) * (min_i Q'_i(s', a') - alpha * log pi(a'|s'))``,
@@ -83,7 +83,7 @@ class SACState:
 
 
 def default_hparams(config: SACConfig | None = None) -> SACHParams:
-    """The reference defaults (Haarnoja et al. 2018; fast-PBT reference §3.2)."""
+    """The reference defaults (Haarnoja et al. 2018)."""
     del config
     return SACHParams(
         actor_lr=scalar(3e-4),

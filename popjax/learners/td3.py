@@ -78,7 +78,7 @@ class TD3State:
 
 
 def default_hparams(config: TD3Config | None = None) -> TD3HParams:
-    """The paper defaults (Fujimoto et al. 2018; fast-PBT reference §3.1)."""
+    """The paper defaults (Fujimoto et al. 2018)."""
     return TD3HParams(
         actor_lr=scalar(3e-4),
         critic_lr=scalar(3e-4),

@@ -1,9 +1,8 @@
 """PBT search spaces as data: hparam name -> {low, high, log, integer} (see ``hparams.Range``).
 
-The TD3 and SAC spaces are the fast-PBT paper's priors (Flajolet et al. 2022, App. B.1;
-reference/population-core.md §4.1); the DQN space is a popjax choice (the paper trains no
-DQN). Names match the learners' HParams fields, so a space can be checked before anything
-is compiled. Users pass their own space as a dict of the same form.
+The TD3 and SAC spaces are the fast-PBT paper's priors (Flajolet et al. 2022, App. B.1); the DQN
+space is a popjax choice (the paper trains no DQN). Names match the learners' HParams fields, so
+a space can be checked before anything is compiled. Users pass their own space as a dict of the same form.
 
 Notes on the TD3 space:
   * The paper's "policy-update frequency U[0.2, 1]" is the authors' ``delay ~ randint{1..5}``
