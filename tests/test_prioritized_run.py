@@ -1,4 +1,4 @@
-"""``buffer: prioritized`` in a run: TD3 and SAC train through the independent driver and write priorities."""
+"""``buffer: prioritized`` in a run: TD3, SAC and DQN train through the independent driver and write priorities."""
 
 import shutil
 
@@ -20,14 +20,15 @@ BASE = dict(env="probe:pendulum", pop_size=2, seed=3, total_env_steps=300, warmu
             progress=False, buffer="prioritized")
 
 
-@pytest.mark.parametrize("learner", ["td3", "sac"])
+@pytest.mark.parametrize("learner", ["td3", "sac", "dqn"])
 def test_prioritized_run_trains_and_priorities_change(learner):
-    loop = build(make_config(learner=learner, per_beta=0.5, **BASE))
+    env = {"env": "probe:cartpole"} if learner == "dqn" else {}
+    loop = build(make_config(learner=learner, per_beta=0.5, **{**BASE, **env}))
     state, env_state = loop.initial_state()
     for _ in range(4):  # 2 warm-up iterations, then 2 of training
         state, env_state, metrics = loop.step(state, env_state)
     assert loop.counters(state)[1] > 0
-    assert np.isfinite(metrics["critic_loss"]).all() and (metrics["td_abs"] > 0).all()
+    assert np.isfinite(metrics["loss" if learner == "dqn" else "critic_loss"]).all() and (metrics["td_abs"] > 0).all()
     leaves = np.asarray(jax.vmap(lambda tree: tree_leaves(jax.tree.map(lambda x: x[0], tree), 100))(state.buffer.tree))
     assert (leaves[:, :100] > 0).all()  # 100 rows per member so far, all sampleable
     assert (state.buffer.max_priority > 1).any() or (leaves < 1).any()  # written priorities differ from the initial 1
@@ -36,16 +37,18 @@ def test_prioritized_run_trains_and_priorities_change(learner):
     np.testing.assert_allclose(state.buffer.hyper.beta, 0.5)
 
 
-@pytest.mark.parametrize("name", ["td3", "sac"])
+@pytest.mark.parametrize("name", ["td3", "sac", "dqn"])
 def test_weighted_update_with_unit_weights_equals_update(name):
-    spec = EnvSpec("t", (3,), action_dim=1, action_low=(-1.0,), action_high=(1.0,))
+    spec = (EnvSpec("t", (3,), num_actions=2) if name == "dqn"
+            else EnvSpec("t", (3,), action_dim=1, action_low=(-1.0,), action_high=(1.0,)))
     definition = LEARNERS[name]
     made = definition.make(definition.config_cls(hidden=(8, 8)), spec)
     hp = definition.default_hparams()
     state = made.init(jax.random.key(0), hp)
     rng = np.random.default_rng(0)
     f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)
-    batch = Transition(obs=f32(16, 3), action=np.tanh(f32(16, 1)), reward=f32(16), next_obs=f32(16, 3),
+    action = rng.integers(0, 2, 16).astype(np.int32) if name == "dqn" else np.tanh(f32(16, 1))
+    batch = Transition(obs=f32(16, 3), action=action, reward=f32(16), next_obs=f32(16, 3),
                        terminated=np.zeros(16, np.float32))
     plain = jax.jit(made.update)(jax.random.key(1), state, batch, hp)
     weighted, metrics, td_abs = jax.jit(made.update_weighted)(jax.random.key(1), state, batch, np.ones(16, np.float32),
@@ -58,7 +61,7 @@ def test_prioritized_replay_is_refused_where_it_is_not_supported():
     with pytest.raises(ConfigError, match="buffer"):
         make_config(learner="td3", driver="cemrl", **BASE)
     with pytest.raises(ConfigError, match="no prioritized update"):
-        build(make_config(learner="dqn", **{**BASE, "env": "probe:cartpole"}))
+        build(make_config(learner="spo_dqn", **{**BASE, "env": "probe:cartpole", "rollout_len": 20}))
 
 
 def test_pbt_with_prioritized_replay_resumes_exactly(tmp_path):

@@ -96,12 +96,15 @@ def td_target(q_net, selector: PyTree, target_params: PyTree, batch: Transition,
     return batch.reward + discount * (1.0 - batch.terminated) * next_q
 
 
-def q_loss(params: PyTree, q_net, batch: Transition, y: jax.Array, huber: bool):
-    """``(mean_batch(huber_1 or square of Q(s, a) - y), Q(s, a))``."""
+def q_loss(params: PyTree, q_net, batch: Transition, y: jax.Array, huber: bool, weights: jax.Array | None = None):
+    """``(mean_batch(huber_1 or square of Q(s, a) - y), Q(s, a))``; sample i weighted by ``weights[i]`` if given
+    (importance weights of prioritized replay)."""
     q_all = q_net.apply(params, batch.obs)
     q = jnp.take_along_axis(q_all, batch.action[..., None].astype(jnp.int32), axis=-1)[..., 0]
     td = q - y
     loss = optax.huber_loss(td, delta=1.0) if huber else td**2
+    if weights is not None:
+        loss = weights * loss
     return jnp.mean(loss), q
 
 
@@ -118,17 +121,22 @@ def make_dqn(config: DQNConfig, spec: EnvSpec) -> Learner:
             steps=jnp.zeros((), jnp.int32),
         )
 
-    def update(key: Key, state: DQNState, batch: Transition, hp: DQNHParams):
+    def update_weighted(key: Key, state: DQNState, batch: Transition, weights: jax.Array | None, hp: DQNHParams):
+        """``update`` with the loss weighted per sample; also ``|Q(s, a) - y|`` per sample."""
         del key  # the update is deterministic; randomness enters only in `act`
         y = jax.lax.stop_gradient(td_target(q_net, state.params, state.target_params, batch, hp.discount,
                                             config.double_q))
-        (loss, q), grads = jax.value_and_grad(q_loss, has_aux=True)(state.params, q_net, batch, y, config.huber)
+        (loss, q), grads = jax.value_and_grad(q_loss, has_aux=True)(state.params, q_net, batch, y, config.huber,
+                                                                    weights)
         params, opt = adam_step(state.params, grads, state.opt, hp.lr)
         steps = state.steps + 1
         target_params = select(steps % config.target_update_period == 0, params, state.target_params)
         new_state = DQNState(params=params, target_params=target_params, opt=opt, steps=steps)
         metrics = {"loss": loss, "q_mean": q.mean(), "epsilon": epsilon(hp, steps)}
-        return new_state, metrics
+        return new_state, metrics, jnp.abs(q - y)
+
+    def update(key: Key, state: DQNState, batch: Transition, hp: DQNHParams):
+        return update_weighted(key, state, batch, None, hp)[:2]
 
     def policy(state: DQNState, obs: jax.Array) -> jax.Array:
         return jnp.argmax(q_net.apply(state.params, obs), axis=-1).astype(jnp.int32)
@@ -140,7 +148,7 @@ def make_dqn(config: DQNConfig, spec: EnvSpec) -> Learner:
         explore = jax.random.uniform(key_explore, greedy.shape) < epsilon(hp, state.steps)
         return jnp.where(explore, random_action, greedy)
 
-    return Learner(init=init, update=update, act=act, policy=policy)
+    return Learner(init=init, update=update, act=act, policy=policy, update_weighted=update_weighted)
 
 
 DEFINITION = LearnerDef(
