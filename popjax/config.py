@@ -303,6 +303,8 @@ def memory_estimate(config: RunConfig, spec) -> dict[str, int]:
 
     obs = 4 * math.prod(spec.obs_shape)
     row = 2 * obs + 4 * max(1, spec.action_dim) + 8  # obs, next_obs, action, reward, terminated
+    if config.buffer == "prioritized":
+        row += 6  # the K = 4 sum tree: one float32 leaf and a third of one in inner nodes (more with padding)
     rows = DRIVERS[config.driver].replay_transitions(config) + config.pop_size * config.steps_per_iter
     per_env = (2 * obs + JAX_ENV_BYTES) if is_jax_env(config.env) else HOST_ENV_BYTES
     return {"replay": rows * row, "row": row, "evaluation": config.pop_size * config.eval_episodes * per_env,

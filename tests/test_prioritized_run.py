@@ -10,7 +10,7 @@ from learner_helpers import assert_trees_equal
 import popjax
 from popjax.buffers.prioritized import tree_leaves
 from popjax.checkpoint import Checkpointer
-from popjax.config import ConfigError, make_config
+from popjax.config import ConfigError, make_config, memory_estimate
 from popjax.experiment import build
 from popjax.learners import LEARNERS
 from popjax.types import EnvSpec, Transition
@@ -79,3 +79,10 @@ def test_pbt_with_prioritized_replay_resumes_exactly(tmp_path):
     checkpoints.close()
     resumed = popjax.resume(cut)
     assert_trees_equal(resumed.state, full.state)
+
+
+def test_memory_estimate_counts_the_sum_tree():
+    spec = EnvSpec("t", (3,), action_dim=1, action_low=(-1.0,), action_high=(1.0,))
+    uniform = memory_estimate(make_config(learner="td3", **{**BASE, "buffer": "uniform"}), spec)
+    prioritized = memory_estimate(make_config(learner="td3", **BASE), spec)
+    assert prioritized["row"] == uniform["row"] + 6 and prioritized["replay"] > uniform["replay"]
