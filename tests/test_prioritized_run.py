@@ -1,6 +1,8 @@
 """``buffer: prioritized`` in a run: TD3, SAC and DQN train through the independent driver and write priorities."""
 
+import os
 import shutil
+import tempfile
 
 import jax
 import numpy as np
@@ -18,6 +20,14 @@ from popjax.types import EnvSpec, Transition
 BASE = dict(env="probe:pendulum", pop_size=2, seed=3, total_env_steps=300, warmup_steps=50, rollout_len=25,
             eval_interval=100, eval_episodes=1, batch_size=16, buffer_size=200, learner_config={"hidden": [8, 8]},
             progress=False, buffer="prioritized")
+
+
+@pytest.fixture(autouse=True)
+def xla_cache():
+    """Compiled programs shared between runs (speed only; results are identical), as in test_drivers."""
+    jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(),
+                                                                f"popjax-test-xla-cache-{os.getuid()}"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 @pytest.mark.parametrize("learner", ["td3", "sac", "dqn"])
