@@ -285,7 +285,8 @@ def make_prioritized_buffer(capacity: int, batch_size: int, banks: int = 1, bran
         """Writes ``(|td| + eps)**alpha`` at ``indices`` (``[banks, b]``, as in ``SampleInfo``; td may be ``[B]``).
 
         A non-finite TD error (a diverged member) writes the bank's max priority instead: one NaN leaf would make
-        every later sum NaN, and the tree would stay poisoned after PBT replaced the member's learner.
+        every later sum NaN, and the tree would stay poisoned after PBT replaced the member's learner. A delayed
+        write lands on the row's current occupant: rows added since the sample get the old row's priority.
         """
         td_errors = td_errors.reshape(indices.shape)
         priorities = priority_from_td(td_errors, state.hyper.alpha, state.hyper.eps)
