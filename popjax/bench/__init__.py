@@ -17,6 +17,8 @@ Studies:
 - ``shared_critic``: shared-critic TD3 (CEM-RL/DvD) update vs N (``popjax.bench.shared_critic``);
 - ``drivers``: time per training iteration of every driver, on 1 and more devices, both
   ``--parallel`` paths (``popjax.bench.drivers``);
+- ``per``: samples/s and updates/s of the prioritized-replay sum tree vs K, N and B, a vmapped population
+  of trees, and a NumPy searchsorted/cumsum oracle (``popjax.bench.per``);
 - ``report``: regenerate ``benchmarks/RESULTS.md`` from the JSON results.
 
 ``--devices 1,2`` splits the population over 1 and then 2 devices (on a CPU, host devices
@@ -46,7 +48,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "report")
+STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "report")
 
 _HELP = {
     "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
@@ -56,6 +58,7 @@ _HELP = {
     "train": "end-to-end env steps/s of popjax.experiment.train and the share of time in the compiled update",
     "shared_critic": "shared-critic TD3 update vs N (popjax.bench.shared_critic)",
     "drivers": "time per training iteration of every driver on 1 and more devices (sharding and pmap)",
+    "per": "prioritized-replay sum tree: sample and update throughput vs K, N, B, a vmapped population, NumPy",
     "report": "regenerate benchmarks/RESULTS.md from the JSON results",
 }
 
