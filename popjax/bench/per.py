@@ -134,34 +134,36 @@ def tree_points(o: Options, k: int, n: int, p: np.ndarray, rng: np.random.Genera
             continue
         mapped = (lambda f, *axes: jax.vmap(f, in_axes=axes)) if population > 1 else (lambda f, *axes: f)
         place = lambda x, axis=0: common.place(x, devices, axis) if population > 1 else jax.device_put(x)
-        # The exactness check: one update of distinct rows (the oracle's p[idx] = v is then unambiguous), then a
-        # sample with a fixed key, against searchsorted on the same float32 draws.
-        distinct = np.stack([rng.choice(n, size=min(b, n), replace=False) for _ in range(population)])
-        values = rng.integers(1, MAX_PRIORITY + 1, distinct.shape).astype(np.float32)
+        squeeze = (lambda x: x) if population > 1 else (lambda x: x[0])
+        arrays = lambda x, dtype: place(jnp.asarray(squeeze(x.astype(dtype))))
         trees = place(jax.vmap(per.tree_from_leaves, (0, None))(_leaves(p, k), k) if population > 1
                       else per.tree_from_leaves(_leaves(p[0], k), k))
-        check_update = jax.jit(mapped(per.tree_update, 0, 0, 0))
-        squeeze = (lambda x: x) if population > 1 else (lambda x: x[0])
-        trees = check_update(trees, place(jnp.asarray(squeeze(distinct))), place(jnp.asarray(squeeze(values))))
+        update, update_times = common.compile_timed(mapped(per.tree_update, 0, 0, 0), trees,
+                                                    arrays(np.zeros((population, b)), np.int32),
+                                                    arrays(np.ones((population, b)), np.float32), donate_argnums=(0,))
+        # The exactness check, with the timed update program: one update of distinct rows (tiled when B > N: a
+        # repeated row gets the same value, so the oracle's p[idx] = v is unambiguous), then a sample with a
+        # fixed key, against searchsorted on the same float32 draws.
+        rows_ = np.stack([np.resize(rng.permutation(n)[:b], b) for _ in range(population)])
+        values = np.take_along_axis(rng.integers(1, MAX_PRIORITY + 1, (population, n)), rows_, axis=1)
+        trees = update(trees, arrays(rows_, np.int32), arrays(values, np.float32))
         after = p.copy()
-        np.put_along_axis(after, distinct, values, axis=1)
+        np.put_along_axis(after, rows_, values.astype(np.float32), axis=1)
         keys = jax.random.split(jax.random.key(o.seed + b), population)
+        keys_in = place(squeeze(keys))
         sample_fn = mapped(lambda key, tree: per.tree_sample(key, tree, b), 0, 0)
-        sample, sample_times = common.compile_timed(sample_fn, place(squeeze(keys)), trees)
-        got = np.asarray(sample(place(squeeze(keys)), trees)[0]).reshape(population, b)
+        sample, sample_times = common.compile_timed(sample_fn, keys_in, trees)
+        got = np.asarray(sample(keys_in, trees)[0]).reshape(population, b)
         want = np.stack([oracle_find(after[i], oracle_sample_targets(keys[i], after[i], b))
                          for i in range(population)])
         agrees = bool(np.array_equal(got, want))
         if not agrees:
             log(f"  K={k} N={n} B={b}: the tree and the oracle disagree on {int((got != want).sum())} of {got.size}")
-        keys_in = place(squeeze(keys))
         sample_row = {"op": "sample", **head, "agrees_with_oracle": agrees, **sample_times,
                       **_time(o, lambda: sample(keys_in, trees), population * b)}
         # Update: indices drawn with replacement (as a sampled batch is), the tree donated and fed back.
-        idx = place(jnp.asarray(squeeze(rng.integers(0, n, (population, b)).astype(np.int32))))
-        new = place(jnp.asarray(squeeze(rng.integers(1, MAX_PRIORITY + 1, (population, b)).astype(np.float32))))
-        update, update_times = common.compile_timed(mapped(per.tree_update, 0, 0, 0), trees, idx, new,
-                                                    donate_argnums=(0,))
+        idx = arrays(rng.integers(0, n, (population, b)), np.int32)
+        new = arrays(rng.integers(1, MAX_PRIORITY + 1, (population, b)), np.float32)
         holder = {"tree": trees}
 
         def call():
