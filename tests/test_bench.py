@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from popjax.bench import common, compile, drivers, envstep, report, roofline, shared_critic, train, update
+from popjax.bench import common, compile, drivers, envstep, per, report, roofline, shared_critic, train, update
 from popjax.bench import torch_reference as tr
 from popjax.learners import dqn, sac, td3
 from popjax.types import EnvSpec, Transition
@@ -248,6 +248,51 @@ def test_shared_critic_and_drivers_record_their_ceilings(out):
     assert row["iterations_timed"] >= 10 and positive(row["layer_gflops"])
 
 
+def test_per_study_through_the_cli(tmp_path, capsys):
+    from popjax import cli
+
+    argv = ["bench", "per", "--branching", "2,4", "--capacity", "1000", "--batch", "32", "--population", "2",
+            "--repeats", "10", "--min-time", "0", "--allow-busy", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    data = load(tmp_path / "per.json", layers=False)  # the sum tree is memory-bound: no layer ceiling
+    rows = data["results"]
+    points = {(r["op"], r["impl"], r["branching"], r["population"]) for r in rows}
+    assert points == {(op, impl, k, pop) for op in ("sample", "update")
+                      for impl, k, pop in [("numpy", None, 1), ("tree", 2, 1), ("tree", 4, 1),
+                                           ("tree_vmap", 2, 2), ("tree_vmap", 4, 2)]}, points
+    for r in rows:
+        assert "skipped" not in r and r["capacity"] == 1000 and r["batch"] == 32, r
+        assert positive(r["per_s"]) and r["repeats"] >= 10, r
+        if r["impl"] != "numpy":
+            assert positive(r["compile_s"]), r
+        if r["impl"] == "tree_vmap":
+            assert positive(r["vmap_cost"]), r
+    # The tree and the NumPy oracle drew the same indices from the same uniform draws, at every tree point.
+    samples = [r for r in rows if r["op"] == "sample" and r["impl"] != "numpy"]
+    assert all(r["agrees_with_oracle"] is True for r in samples) and data["agrees_with_oracle"] is True
+    assert cli.main(["bench", "report", "--results", str(tmp_path), "--output", str(tmp_path / "RESULTS.md")]) == 0
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "## per" in text and "could not summarise" not in text and "fastest K" in text
+    assert "**the same indices**" in text and "vmap cost per tree" in text
+    capsys.readouterr()
+    assert cli.main(["bench", "per", "--branching", "1", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--branching: a sum tree needs K >= 2, got 1" in err, err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_per_oracle_is_the_trees_definition():
+    from popjax.buffers import prioritized
+
+    rng = np.random.default_rng(0)
+    p = rng.integers(0, 4, 50).astype(np.float32)  # zero priorities included: neither side may land on one
+    targets = rng.random(200, dtype=np.float32) * p.sum()
+    for k in (2, 3, 16):
+        tree = prioritized.tree_from_leaves(per._leaves(p, k), k)
+        assert np.array_equal(np.asarray(prioritized.tree_find(tree, jnp.asarray(targets))),
+                              per.oracle_find(p, targets))
+
+
 # --- load discipline ----------------------------------------------------------------------------------------
 _STUDY_ARGS = {
     "update": ["--learner", "td3", "--impl", "vmap", "--hidden", "8", "--batch-size", "4", "--k", "2"],
@@ -257,6 +302,7 @@ _STUDY_ARGS = {
     "train": ["--env", "probe:pendulum", "--env-steps", "130", "--warmup", "20", "--rollout-len", "10"],
     "shared_critic": ["--hidden", "8", "--batch-size", "4"],
     "drivers": ["--driver", "independent", "--pop", "2", "--env-steps", "70", "--rollout-len", "5"],
+    "per": ["--branching", "2", "--capacity", "100", "--batch", "8"],  # --pop 2 abbreviates --population
 }
 
 
@@ -421,7 +467,8 @@ def test_cli_options_come_from_the_study_dataclass(tmp_path):
 
 
 @pytest.mark.parametrize(("study", "flag"), [("envstep", "--k"), ("train", "--repeats"), ("drivers", "--k"),
-                                             ("report", "--devices"), ("envstep", "--max-seconds")])
+                                             ("report", "--devices"), ("envstep", "--max-seconds"),
+                                             ("per", "--k")])
 def test_options_a_study_does_not_have_are_rejected(study, flag, capsys):
     from popjax import cli
 
@@ -433,7 +480,7 @@ def test_options_a_study_does_not_have_are_rejected(study, flag, capsys):
 
 
 @pytest.mark.parametrize("study", ["update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers",
-                                   "report"])
+                                   "per", "report"])
 def test_every_option_of_a_study_has_a_flag_and_help(study, capsys):
     import dataclasses
 

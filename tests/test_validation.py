@@ -374,6 +374,8 @@ def test_bench_help_lists_the_studies(capsys):
     (["update", "--pop", "2.5"], "--pop: expected a comma-separated list of positive integers, got '2.5'"),
     (["update", "--devices", "0"], "--devices: expected a comma-separated list of positive integers"),
     (["compile", "--min-time", "nan"], "--min-time: expected a finite number >= 0, got nan"),
+    (["per", "--branching", "2,1"], "--branching: a sum tree needs K >= 2, got 1"),
+    (["per", "--capacity", "1e7"], "--capacity: at most 2097151"),
     (["update", "--out", "{file}"], "--out: {file} is an existing file, not a directory"),
     (["update", "--out", "{file}/deeper"], "--out: {file} is an existing file, not a directory"),
     (["update", "--out", "{dir}/update.json"], "--out: {dir}/update.json is a directory"),

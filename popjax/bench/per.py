@@ -93,120 +93,94 @@ def _rates(timing: dict[str, Any], items: int) -> dict[str, Any]:
             "per_s": items / timing["median_s"], "per_s_iqr": items / q1 - items / q3, "timing": timing}
 
 
-class _Sweep:
-    """Skips a point whose estimated time exceeds the budget, and the larger B after it (``--max-seconds``)."""
-
-    def __init__(self, o: Options):
-        self.o, self.last, self.over = o, {}, {}
-
-    def skip(self, key, batch: int) -> str | None:
-        if key in self.over:
-            return self.over[key]
-        if key in self.last:
-            prev_b, call_s = self.last[key]
-            estimate = common.estimated_seconds(call_s, batch / prev_b, repeats=self.o.repeats,
-                                                min_time=self.o.min_time, warmup=2)
-            if estimate > self.o.max_seconds:
-                self.over[key] = (f"estimated {estimate:.0f}s for warm-up and {self.o.repeats} timed calls > "
-                                  f"--max-seconds {self.o.max_seconds:.0f} (B={batch})")
-                return self.over[key]
-        return None
-
-    def done(self, key, batch: int, call_s: float) -> None:
-        self.last[key] = (batch, call_s)
-
-
 def _time(o: Options, call, items: int, sync=common.block) -> dict[str, Any]:
     return _rates(common.time_calls(call, warmup=2, min_repeats=o.repeats, min_time=o.min_time, sync=sync), items)
 
 
-def tree_points(o: Options, k: int, n: int, p: np.ndarray, rng: np.random.Generator, sweep: _Sweep,
-                population: int = 1, devices: int = 1, batches: tuple[int, ...] | None = None) -> list[dict]:
-    """Sample and update rows of one (K, N) over the batches; ``population`` > 1: P trees under vmap."""
-    rows = []
-    for b in batches or o.batch:
-        head = {"branching": k, "capacity": n, "batch": b, "population": population, "devices": devices,
-                "impl": "tree" if population == 1 else "tree_vmap"}
-        reason = sweep.skip((head["impl"], k, n, devices), b)
-        if reason:
-            rows += [{"op": op, **head, "skipped": reason} for op in OPS]
-            log(f"  K={k} N={n} B={b} P={population}: skipped ({reason})")
+def tree_point(o: Options, head: dict[str, Any], p: np.ndarray, rng: np.random.Generator) -> list[dict]:
+    """The sample and update rows of one point ``head`` (K, N, B, P, devices); P > 1: P trees under vmap."""
+    k, n, b, population, devices = (head[f] for f in ("branching", "capacity", "batch", "population", "devices"))
+    mapped = (lambda f, *axes: jax.vmap(f, in_axes=axes)) if population > 1 else (lambda f, *axes: f)
+    place = (lambda x: common.place(x, devices)) if population > 1 else jax.device_put
+    squeeze = (lambda x: x) if population > 1 else (lambda x: x[0])
+    arrays = lambda x, dtype: place(jnp.asarray(squeeze(x.astype(dtype))))
+    trees = place(jax.vmap(per.tree_from_leaves, (0, None))(_leaves(p, k), k) if population > 1
+                  else per.tree_from_leaves(_leaves(p[0], k), k))
+    update, update_times = common.compile_timed(mapped(per.tree_update, 0, 0, 0), trees,
+                                                arrays(np.zeros((population, b)), np.int32),
+                                                arrays(np.ones((population, b)), np.float32), donate_argnums=(0,))
+    # The exactness check, with the timed update program: one update of distinct rows (tiled when B > N: a
+    # repeated row gets the same value, so the oracle's p[idx] = v is unambiguous), then a sample with a fixed
+    # key, against searchsorted on the same float32 draws.
+    written = np.stack([np.resize(rng.permutation(n)[:b], b) for _ in range(population)])
+    values = np.take_along_axis(rng.integers(1, MAX_PRIORITY + 1, (population, n)), written, axis=1)
+    trees = update(trees, arrays(written, np.int32), arrays(values, np.float32))
+    after = p.copy()
+    np.put_along_axis(after, written, values.astype(np.float32), axis=1)
+    keys = jax.random.split(jax.random.key(o.seed + b), population)
+    keys_in = place(squeeze(keys))
+    sample, sample_times = common.compile_timed(mapped(lambda key, tree: per.tree_sample(key, tree, b), 0, 0),
+                                                keys_in, trees)
+    got = np.asarray(sample(keys_in, trees)[0]).reshape(population, b)
+    want = np.stack([oracle_find(after[i], oracle_sample_targets(keys[i], after[i], b)) for i in range(population)])
+    agrees = bool(np.array_equal(got, want))
+    if not agrees:
+        log(f"  K={k} N={n} B={b}: the tree and the oracle disagree on {int((got != want).sum())} of {got.size}")
+    sample_row = {"op": "sample", **head, "agrees_with_oracle": agrees, **sample_times,
+                  **_time(o, lambda: sample(keys_in, trees), population * b)}
+    # Update: indices drawn with replacement (as a sampled batch is), the tree donated and fed back.
+    idx = arrays(rng.integers(0, n, (population, b)), np.int32)
+    new = arrays(rng.integers(1, MAX_PRIORITY + 1, (population, b)), np.float32)
+    holder = {"tree": trees}
+
+    def call():
+        holder["tree"] = update(holder["tree"], idx, new)
+        return holder["tree"]
+
+    return [sample_row, {"op": "update", **head, **update_times, **_time(o, call, population * b)}]
+
+
+def oracle_point(o: Options, head: dict[str, Any], p: np.ndarray, rng: np.random.Generator) -> list[dict]:
+    """The NumPy sample and update rows of one (N, B)."""
+    n, b = head["capacity"], head["batch"]
+    flat, u = p.copy(), rng.random(b, dtype=np.float32)
+    idx, new = rng.integers(0, n, b), rng.integers(1, MAX_PRIORITY + 1, b).astype(np.float32)
+
+    def sample():
+        c = np.cumsum(flat)
+        return np.searchsorted(c, u * c[-1], side="right")
+
+    def update():
+        flat[idx] = new
+        return np.cumsum(flat)
+
+    return [{"op": op, **head, **_time(o, call, b, sync=lambda x: x)} for op, call in (("sample", sample),
+                                                                                      ("update", update))]
+
+
+def sweep(o: Options, impl: str, k: int | None, n: int, p: np.ndarray, rng: np.random.Generator,
+          batches: tuple[int, ...], population: int = 1, devices: int = 1) -> list[dict]:
+    """The rows of one (impl, K, N) over ``batches`` (ascending): a point whose estimated time (the previous
+    point's slower call scaled by the B ratio) exceeds ``--max-seconds`` is skipped, and so are the larger B."""
+    rows, last, over = [], None, None
+    for b in sorted(batches):
+        head = {"impl": impl, "branching": k, "capacity": n, "batch": b, "population": population, "devices": devices}
+        if over is None and last is not None:
+            estimate = common.estimated_seconds(last[1], b / last[0], repeats=o.repeats, min_time=o.min_time,
+                                                warmup=2)
+            if estimate > o.max_seconds:
+                over = (f"estimated {estimate:.0f}s for warm-up and {o.repeats} timed calls at B={b} > "
+                        f"--max-seconds {o.max_seconds:.0f}")
+        if over:
+            rows += [{"op": op, **head, "skipped": over} for op in OPS]
+            log(f"  {impl} K={k} N={n} B={b} P={population}: skipped ({over})")
             continue
-        mapped = (lambda f, *axes: jax.vmap(f, in_axes=axes)) if population > 1 else (lambda f, *axes: f)
-        place = lambda x, axis=0: common.place(x, devices, axis) if population > 1 else jax.device_put(x)
-        squeeze = (lambda x: x) if population > 1 else (lambda x: x[0])
-        arrays = lambda x, dtype: place(jnp.asarray(squeeze(x.astype(dtype))))
-        trees = place(jax.vmap(per.tree_from_leaves, (0, None))(_leaves(p, k), k) if population > 1
-                      else per.tree_from_leaves(_leaves(p[0], k), k))
-        update, update_times = common.compile_timed(mapped(per.tree_update, 0, 0, 0), trees,
-                                                    arrays(np.zeros((population, b)), np.int32),
-                                                    arrays(np.ones((population, b)), np.float32), donate_argnums=(0,))
-        # The exactness check, with the timed update program: one update of distinct rows (tiled when B > N: a
-        # repeated row gets the same value, so the oracle's p[idx] = v is unambiguous), then a sample with a
-        # fixed key, against searchsorted on the same float32 draws.
-        rows_ = np.stack([np.resize(rng.permutation(n)[:b], b) for _ in range(population)])
-        values = np.take_along_axis(rng.integers(1, MAX_PRIORITY + 1, (population, n)), rows_, axis=1)
-        trees = update(trees, arrays(rows_, np.int32), arrays(values, np.float32))
-        after = p.copy()
-        np.put_along_axis(after, rows_, values.astype(np.float32), axis=1)
-        keys = jax.random.split(jax.random.key(o.seed + b), population)
-        keys_in = place(squeeze(keys))
-        sample_fn = mapped(lambda key, tree: per.tree_sample(key, tree, b), 0, 0)
-        sample, sample_times = common.compile_timed(sample_fn, keys_in, trees)
-        got = np.asarray(sample(keys_in, trees)[0]).reshape(population, b)
-        want = np.stack([oracle_find(after[i], oracle_sample_targets(keys[i], after[i], b))
-                         for i in range(population)])
-        agrees = bool(np.array_equal(got, want))
-        if not agrees:
-            log(f"  K={k} N={n} B={b}: the tree and the oracle disagree on {int((got != want).sum())} of {got.size}")
-        sample_row = {"op": "sample", **head, "agrees_with_oracle": agrees, **sample_times,
-                      **_time(o, lambda: sample(keys_in, trees), population * b)}
-        # Update: indices drawn with replacement (as a sampled batch is), the tree donated and fed back.
-        idx = arrays(rng.integers(0, n, (population, b)), np.int32)
-        new = arrays(rng.integers(1, MAX_PRIORITY + 1, (population, b)), np.float32)
-        holder = {"tree": trees}
-
-        def call():
-            holder["tree"] = update(holder["tree"], idx, new)
-            return holder["tree"]
-
-        update_row = {"op": "update", **head, **update_times, **_time(o, call, population * b)}
-        for row in (sample_row, update_row):
-            rows.append(row)
-            log(f"  {row['op']:6s} K={k:2d} N={n:8d} B={b:6d} P={population} d={devices}: "
+        point = oracle_point(o, head, p[0], rng) if impl == "numpy" else tree_point(o, head, p, rng)
+        for row in point:
+            log(f"  {row['op']:6s} {impl:9s} K={k} N={n:8d} B={b:6d} P={population} d={devices}: "
                 f"{row['per_s'] / 1e6:8.3f} M/s ({1e3 * row['median_s']:.3f} ms/call)")
-        sweep.done((head["impl"], k, n, devices), b, max(sample_row["median_s"], update_row["median_s"]))
-    return rows
-
-
-def oracle_points(o: Options, n: int, p: np.ndarray, rng: np.random.Generator, sweep: _Sweep) -> list[dict]:
-    """NumPy sample and update rows of one N over the batches."""
-    rows = []
-    for b in o.batch:
-        head = {"branching": None, "capacity": n, "batch": b, "population": 1, "devices": 1, "impl": "numpy"}
-        reason = sweep.skip(("numpy", n), b)
-        if reason:
-            rows += [{"op": op, **head, "skipped": reason} for op in OPS]
-            continue
-        flat = p.copy()
-        u = rng.random(b, dtype=np.float32)
-
-        def sample():
-            c = np.cumsum(flat)
-            return np.searchsorted(c, u * c[-1], side="right")
-
-        idx = rng.integers(0, n, b)
-        new = rng.integers(1, MAX_PRIORITY + 1, b).astype(np.float32)
-
-        def update():
-            flat[idx] = new
-            return np.cumsum(flat)
-
-        for op, call in (("sample", sample), ("update", update)):
-            row = {"op": op, **head, **_time(o, call, b, sync=lambda x: x)}
-            rows.append(row)
-            log(f"  {op:6s} numpy N={n:8d} B={b:6d}: {row['per_s'] / 1e6:8.3f} M/s")
-        sweep.done(("numpy", n), b, max(r["median_s"] for r in rows[-2:]))
+        rows += point
+        last = (b, max(r["median_s"] for r in point))
     return rows
 
 
@@ -232,21 +206,21 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     capacities = sorted(set(o.capacity) | {vn})
     priorities = {n: rng.integers(1, MAX_PRIORITY + 1, (max(o.population, 1), n)).astype(np.float32)
                   for n in capacities}
-    sweep, results = _Sweep(o), []
+    results = []
     for n in sorted(o.capacity):
-        results += oracle_points(o, n, priorities[n][0], rng, sweep)
+        results += sweep(o, "numpy", None, n, priorities[n][:1], rng, o.batch)
         for k in o.branching:
-            results += tree_points(o, k, n, priorities[n][:1], rng, sweep)
+            results += sweep(o, "tree", k, n, priorities[n][:1], rng, o.batch)
     for k in o.branching:
         if vn not in o.capacity or vb not in o.batch:  # the single tree the population is compared with
-            results += tree_points(o, k, vn, priorities[vn][:1], rng, sweep, batches=(vb,))
+            results += sweep(o, "tree", k, vn, priorities[vn][:1], rng, (vb,))
         for d in o.devices:
             if o.population % d:
-                results += [{"op": op, "branching": k, "capacity": vn, "batch": vb, "population": o.population,
-                             "devices": d, "impl": "tree_vmap",
+                results += [{"op": op, "impl": "tree_vmap", "branching": k, "capacity": vn, "batch": vb,
+                             "population": o.population, "devices": d,
                              "skipped": f"{o.population} trees do not divide over {d} devices"} for op in OPS]
                 continue
-            results += tree_points(o, k, vn, priorities[vn][:o.population], rng, sweep, o.population, d, (vb,))
+            results += sweep(o, "tree_vmap", k, vn, priorities[vn][:o.population], rng, (vb,), o.population, d)
     _vmap_costs(results)
     checked = [r["agrees_with_oracle"] for r in results if "agrees_with_oracle" in r]
     params = {"branching": list(o.branching), "capacity": list(o.capacity), "batch": list(o.batch),

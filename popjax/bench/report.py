@@ -38,7 +38,7 @@ def main(options: Options) -> Path:
     return write_report(options.results, options.output, targets_path=options.targets)
 
 
-STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers")
+STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per")
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -548,6 +548,56 @@ def section_drivers(p: dict[str, Any]) -> list[str]:
                            "ceiling GFLOP/s", "compile s"], rows)
 
 
+def _rate(r: dict[str, Any] | None) -> str:
+    """Millions per second with the IQR, or why the point has none."""
+    if r is None:
+        return "—"
+    if "skipped" in r:
+        return "skipped"
+    return f"{r['per_s'] / 1e6:.3g} ({r['per_s_iqr'] / 1e6:.2g})"
+
+
+def section_per(p: dict[str, Any]) -> list[str]:
+    prm = p["params"]
+    lines = _head("## per — prioritized-replay sum tree: sample and update throughput", p, "per")
+    agrees = p.get("agrees_with_oracle")
+    lines += ["Jitted batched `tree_sample` / `tree_update` (`popjax.buffers.prioritized`; the tree donated and fed "
+              "back), one call per timed call, jit dispatch included; NumPy: `searchsorted(cumsum(p), u * total)` / "
+              "`p[idx] = v` and a full cumsum rebuild. Millions of samples (updates) per second: median (IQR) of at "
+              f"least {prm.get('repeats', '?')} timed calls. Exactness: the tree and the NumPy oracle sampled "
+              + ("**the same indices** for the same uniform draws at every point." if agrees else
+                 "**different indices** at some point (see the JSON's `agrees_with_oracle`)."), ""]
+    rows = [r for r in p["results"] if r["impl"] in ("tree", "numpy")]
+    ks = sorted({r["branching"] for r in rows if r["branching"]})
+    find = lambda op, k, n, b: next((r for r in rows if r["op"] == op and r["branching"] == k
+                                     and r["capacity"] == n and r["batch"] == b), None)
+    for op in ("sample", "update"):
+        table = []
+        for n, b in sorted({(r["capacity"], r["batch"]) for r in rows}):
+            measured = [r for k in ks if (r := find(op, k, n, b)) and "skipped" not in r]
+            best = max(measured, key=lambda r: r["per_s"], default=None)
+            oracle = find(op, None, n, b)
+            vs = (best["per_s"] / oracle["per_s"] if best and oracle and "skipped" not in oracle else None)
+            table.append([f"{n:,}", b] + [_rate(find(op, k, n, b)) for k in ks] + [
+                _rate(oracle), f"K={best['branching']}" if best else "—", _f(vs, 2, "×")])
+        lines += [f"**{op}** (M {op}s/s)", ""]
+        lines += _table(["N", "B"] + [f"K={k}" for k in ks] + ["NumPy", "fastest K", "fastest / NumPy"], table)
+    population = [r for r in p["results"] if r["impl"] == "tree_vmap"]
+    if population:
+        lines += [f"**vmapped population** of {prm.get('population')} trees at N = {prm.get('vmap_capacity'):,}, "
+                  f"B = {prm.get('vmap_batch')}: M per second over all trees; 'vmap cost' = time per tree in the "
+                  "population / time of one tree alone (< 1: the population amortises the per-call cost).", ""]
+        table = [[r["op"], f"K={r['branching']}", r["devices"], _rate(r), _f(r.get("vmap_cost"), 2, "×")]
+                 for r in population]
+        lines += _table(["op", "K", "devices", "M/s (IQR)", "vmap cost per tree"], table)
+    skipped = [r for r in p["results"] if "skipped" in r]
+    if skipped:
+        lines += ["Skipped points: " + "; ".join(
+            f"{r['op']} {r['impl']} K={r['branching']} N={r['capacity']} B={r['batch']} ({r['skipped']})"
+            for r in skipped), ""]
+    return lines
+
+
 def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
            target_list: list[dict[str, Any]] | None = None, targets_source: str | None = None) -> str:
     lines = [REPORT_HEADING, "",
@@ -576,7 +626,7 @@ def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
         lines += [f"No targets judged: {targets_source} not found.", ""]
     sections = {"update": section_update, "roofline": section_roofline, "compile": section_compile,
                 "envstep": section_envstep, "train": section_train, "shared_critic": section_shared_critic,
-                "drivers": section_drivers}
+                "drivers": section_drivers, "per": section_per}
     for study in STUDY_ORDER:
         for payload in data.get(study, []):
             fn = sections.get(study)
