@@ -61,6 +61,7 @@ bench: $(STAMP)
 	$(BENCH) train --env brax:halfcheetah --pop 4 --env-steps 1000 --warmup 250 $(QUIET) --out $(RESULTS)/train_brax.json
 	$(BENCH) shared_critic --pop 1,2,4,8,16 $(QUIET)
 	$(BENCH) drivers --devices 1,2 $(QUIET)
+	$(BENCH) per $(QUIET)
 	$(BENCH) report
 
 clean:

@@ -281,6 +281,19 @@ def test_per_study_through_the_cli(tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+def test_per_budget_skips_the_larger_batches(tmp_path):
+    payload = per.run(branching=(2,), capacity=(100,), batch=(8, 64), population=2, max_seconds=0.0, min_time=0.0,
+                      out_dir=tmp_path, plot=False)
+    rows = {(r["op"], r["impl"], r["batch"]): r for r in payload["results"]}
+    for op in ("sample", "update"):
+        for impl in ("numpy", "tree"):
+            assert positive(rows[op, impl, 8]["per_s"]) and rows[op, impl, 8]["repeats"] >= 10
+            assert rows[op, impl, 64]["skipped"].endswith("> --max-seconds 0"), rows[op, impl, 64]
+        assert positive(rows[op, "tree_vmap", 64]["per_s"])  # the population point is the first of its sweep
+    text = report.write_report(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "## per" in text and "| 100 | 64 | skipped | skipped |" in text and "Skipped points: sample numpy" in text
+
+
 def test_per_oracle_is_the_trees_definition():
     from popjax.buffers import prioritized
 
