@@ -47,12 +47,13 @@ class Options(opt.StudyOptions):
     branching: tuple[int, ...] = opt.ints((2, 4, 8, 16), "branching factors K of the sum tree (each >= 2)")
     capacity: tuple[int, ...] = opt.ints((10_000, 100_000, 1_000_000), "tree capacities N (leaves)")
     batch: tuple[int, ...] = opt.ints((32, 256, 2048, 16384), "batch sizes B (samples or updates per call)")
-    population: int = opt.integer(8, "trees P of the vmapped population")
+    population: int = opt.integer(8, "trees P of the vmapped population", ge=2)
     vmap_capacity: int | None = opt.integer(None, "capacity of the population's trees (default: the middle "
                                             "--capacity)")
     vmap_batch: int | None = opt.integer(None, "batch of the population's trees (default: the middle --batch)")
     repeats: int = opt.repeats()
-    min_time: float = opt.number(0.2, "minimum seconds of timed calls per point")
+    min_time: float = opt.number(0.2, "minimum seconds of timed calls per point (0.2, not 1: the default "
+                                  "grid has 128 points)")
     max_seconds: float = opt.max_seconds(30.0)
 
     def check(self) -> None:
@@ -237,17 +238,6 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
 def main(options: Options) -> dict[str, Any]:
     """``popjax bench per``."""
     return run(options)
-
-
-def fastest(results: list[dict], op: str) -> dict[tuple[int, int], dict]:
-    """``{(N, B): the fastest single-tree row}`` of ``op``."""
-    best: dict[tuple[int, int], dict] = {}
-    for r in results:
-        if r["op"] == op and r["impl"] == "tree" and "skipped" not in r:
-            key = (r["capacity"], r["batch"])
-            if key not in best or r["per_s"] > best[key]["per_s"]:
-                best[key] = r
-    return best
 
 
 def plot_per(payload: dict[str, Any], path) -> Any:
