@@ -1,7 +1,7 @@
 """S2: SPO-DQN learning efficiency vs replicas R and local steps H on CartPole.
 
     PYTHONPATH=. .venv/bin/python experiments/spo_cartpole.py [--configs 1x10,2x10,4x10,1x5,...]
-        [--steps 100000] [--out runs/spo_cartpole]
+        [--steps 100000] [--seeds 3] [--out runs/spo_cartpole]
 
 ``probe:cartpole`` is popjax's pure-JAX port of gymnasium's CartPole-v1 (500-step episodes, max
 return 500): the whole iteration (acting, replay, update) is one jitted call, much faster on a CPU
@@ -11,7 +11,8 @@ are 3 seeds). Global batch B = 256 (each replica b = B/R), hard target copy ever
 (F = 150/H rounds), the rl-zoo CartPole DQN hparams otherwise (lr 2.3e-3, epsilon 1 -> 0.04 over
 4k updates), hidden (64, 64). One update = one local step on the global batch, so curves at
 different R share the x axis (policy updates). Writes experiments/results/spo_cartpole/results.json
-and experiments/plots/spo_cartpole.png; the gate is AUC(R = 2, 4; H = 10) >= 0.85 x AUC(R = 1, H = 10).
+and experiments/plots/spo_cartpole.png (``--seeds N`` other than 3: ``results_Nseeds.json``,
+``spo_cartpole_Nseeds.png``); the gate is AUC(R = 2, 4; H = 10) >= 0.85 x AUC(R = 1, H = 10).
 """
 
 from __future__ import annotations
@@ -28,18 +29,16 @@ import popjax
 from popjax.plots import save_figure
 
 HERE = Path(__file__).parent
-RESULTS = HERE / "results" / "spo_cartpole" / "results.json"
 B = 256
 TARGET_PERIOD = 150  # updates between hard target copies (F * H)
-SEEDS = 3
 THRESHOLD = 475.0  # "solved" return for updates-to-threshold
 
 
-def run_config(replicas: int, local_steps: int, steps: int, out: Path) -> dict:
-    """One population of 3 seeds of SPO-DQN with R replicas and H local steps; per-seed curves vs updates."""
+def run_config(replicas: int, local_steps: int, steps: int, seeds: int, out: Path) -> dict:
+    """One population of ``seeds`` members of SPO-DQN with R replicas and H local steps; per-seed curves vs updates."""
     started = time.time()
     run = popjax.train(
-        learner="spo_dqn", env="probe:cartpole", driver="independent", pop_size=SEEDS, seed=0,
+        learner="spo_dqn", env="probe:cartpole", driver="independent", pop_size=seeds, seed=0,
         total_env_steps=steps, warmup_steps=1_000, rollout_len=100, update_ratio=0.5, batch_size=B,
         buffer_size=steps, eval_interval=steps // 50, eval_episodes=10, checkpoint_interval=0, progress=False,
         hparams={"lr": 2.3e-3, "discount": 0.99, "epsilon_end": 0.04, "epsilon_decay_steps": 4_000},
@@ -49,7 +48,7 @@ def run_config(replicas: int, local_steps: int, steps: int, out: Path) -> dict:
     with (out / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
     curves = []
-    for m in range(SEEDS):
+    for m in range(seeds):
         member = [r for r in rows if int(r["member"]) == m]
         curves.append([[int(r["updates"]), float(r["eval_return"])] for r in member])
     s = run.summary
@@ -89,6 +88,31 @@ def summarize(results: list[dict]) -> dict:
                      "passed": None if None in gate else all(g >= 0.85 for g in gate)}}
 
 
+def ratio_interval(auc: list[float], base: list[float], draws: int = 2000) -> tuple[float, float]:
+    """5-95 % bootstrap interval of mean(auc) / mean(base), seeds resampled independently in both."""
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(auc), np.asarray(base)
+    ratios = rng.choice(a, (draws, len(a))).mean(1) / rng.choice(b, (draws, len(b))).mean(1)
+    return float(np.percentile(ratios, 5)), float(np.percentile(ratios, 95))
+
+
+def markdown_table(summary: dict) -> str:
+    lines = ["| R x H | b | AUC per seed | AUC mean ± sd | ratio to R = 1 (same H) | per-seed ratio min-max | "
+             "5-95 % bootstrap of ratio | updates to 475 (per seed) |", "|---" * 8 + "|"]
+    configs = summary["configs"]
+    for key, row in sorted(configs.items(), key=lambda kv: (kv[1]["local_steps"], kv[1]["replicas"])):
+        base = configs.get(f"1x{row['local_steps']}")
+        ratio = per_seed = boot = "-"
+        if base and row["replicas"] > 1:
+            ratio = f"**{row['auc_ratio_of_means']:.2f}**"
+            per_seed = f"{min(row['auc_ratio_per_seed']):.2f}-{max(row['auc_ratio_per_seed']):.2f}"
+            boot = "{:.2f}-{:.2f}".format(*ratio_interval(row["auc"], base["auc"]))
+        hits = ", ".join("-" if u is None else f"{u / 1000:g}k" for u in row["updates_to_threshold"])
+        lines.append(f"| {key} | {B // row['replicas']} | {', '.join(f'{a:.0f}' for a in row['auc'])} | "
+                     f"{row['auc_mean']:.0f} ± {np.std(row['auc']):.0f} | {ratio} | {per_seed} | {boot} | {hits} |")
+    return "\n".join(lines)
+
+
 def plot(results: list[dict], path: Path, steps: int) -> None:
     import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
 
@@ -117,23 +141,27 @@ def main() -> None:
     parser.add_argument("--configs", default="1x10,2x10,4x10,1x5,2x5,4x5,1x25,2x25,4x25",
                         help="comma-separated RxH (replicas x local steps); done configs are skipped")
     parser.add_argument("--steps", type=int, default=100_000, help="env steps per seed")
+    parser.add_argument("--seeds", type=int, default=3, help="members (seeds) of each configuration's population")
     parser.add_argument("--out", default="runs/spo_cartpole")
     args = parser.parse_args()
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"steps": args.steps, "runs": []}
+    suffix = "" if args.seeds == 3 else f"_{args.seeds}seeds"
+    results_path = HERE / "results" / "spo_cartpole" / f"results{suffix}.json"
+    data = json.loads(results_path.read_text()) if results_path.exists() else {"steps": args.steps, "runs": []}
     if data["steps"] != args.steps:
-        raise SystemExit(f"{RESULTS} holds a {data['steps']}-step sweep; move it away to run {args.steps} steps")
+        raise SystemExit(f"{results_path} holds a {data['steps']}-step sweep; move it away to run {args.steps} steps")
     done = {(r["replicas"], r["local_steps"]) for r in data["runs"]}
     for cfg in args.configs.split(","):
         replicas, local_steps = (int(x) for x in cfg.split("x"))
         if (replicas, local_steps) in done:
             continue
-        data["runs"].append(run_config(replicas, local_steps, args.steps, Path(args.out) / cfg))
+        data["runs"].append(run_config(replicas, local_steps, args.steps, args.seeds, Path(args.out + suffix) / cfg))
         data["summary"] = summarize(data["runs"])
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps(data, indent=1) + "\n")
         row = {"config": cfg, **data["summary"]["configs"][cfg], "compile_s": data["runs"][-1]["compile_s"]}
         print(json.dumps(row), flush=True)
-    plot(data["runs"], HERE / "plots" / "spo_cartpole.png", args.steps)
+    plot(data["runs"], HERE / "plots" / f"spo_cartpole{suffix}.png", args.steps)
+    print(markdown_table(data["summary"]))
     print(json.dumps(data["summary"]["gate"]))
 
 
