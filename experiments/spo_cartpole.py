@@ -117,7 +117,7 @@ def plot(results: list[dict], path: Path, steps: int) -> None:
     import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
 
     hs = sorted({r["local_steps"] for r in results})
-    fig, axes = plt.subplots(1, len(hs), figsize=(5.5 * len(hs), 4.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(hs), figsize=(max(5.5 * len(hs), 8.5), 4.2), squeeze=False, sharey=True)
     for ax, h in zip(axes[0], hs, strict=True):
         for r in sorted((r for r in results if r["local_steps"] == h), key=lambda r: r["replicas"]):
             color = {1: "C0", 2: "C1", 4: "C2"}.get(r["replicas"], "C3")
