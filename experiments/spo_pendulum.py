@@ -18,7 +18,8 @@ Both SPO variants copy the targets every F = 20 rounds (F * H = 200 updates = 1/
 preset's TD3 Pendulum hparams (lr 1e-3, discount 0.98, exploration noise 0.1; target noise 0.2 / clip 0.5),
 hidden (64, 64), global batch B = 256 per update (each SPO replica b = 128), 1k random warm-up steps, 50 env
 steps then 50 updates per iteration. Writes experiments/results/spo_pendulum/results.json and
-experiments/plots/spo_pendulum.png; pass criterion: the two-phase version does not diverge (its final return
+experiments/plots/spo_pendulum.png (``--seeds N`` other than 3: ``results_Nseeds.json``,
+``spo_pendulum_Nseeds.png``); pass criterion: the two-phase version does not diverge (its final return
 is finite and better than its first evaluation).
 """
 
@@ -71,7 +72,7 @@ def run_config(name: str, steps: int, seeds: int, out: Path) -> dict:
         hparams=HPARAMS, learner_config={"hidden": [64, 64], **learner_config}, out_dir=out)
     with (out / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
-    curves, non_finite = [], []
+    curves, non_finite, q_means = [], [], []
     for m in range(seeds):
         member = [r for r in rows if int(r["member"]) == m]
         curves.append([[int(r["env_steps"]), to_float(r["eval_return"])] for r in member])
@@ -80,9 +81,10 @@ def run_config(name: str, steps: int, seeds: int, out: Path) -> dict:
         bad = sorted({k for r in member for k, v in r.items() if str(v).strip().lower() in NON_FINITE
                       and (int(r["updates"]) > 0 or k == "eval_return")})
         non_finite.append(bad)
+        q_means.append([[int(r["env_steps"]), to_float(r["q_mean"])] for r in member if int(r["updates"]) > 0])
     s = run.summary
     return {"config": name, "learner": learner, "learner_config": learner_config, "curves": curves,
-            "non_finite_columns": non_finite, "columns": list(rows[0].keys()) if rows else [],
+            "non_finite_columns": non_finite, "q_means": q_means, "columns": list(rows[0].keys()) if rows else [],
             "final_returns": s["final_returns"], "updates": s["updates"], "wall_s": s["wall_s"],
             "compile_s": s["compile_s"], "total_s": time.time() - started, "out": str(out)}
 
@@ -92,11 +94,14 @@ def summarize(results: list[dict]) -> dict:
     for r in results:
         c = np.asarray(r["curves"], dtype=float)  # [seeds, evals, 2]
         finals, firsts = c[:, -1, 1], c[:, 0, 1]
+        q = np.asarray(r["q_means"], dtype=float)[:, :, 1]  # logged mean Q of the last update chunk per eval
         finite = bool(np.isfinite(c[:, :, 1]).all()) and not any(r["non_finite_columns"])
         table[r["config"]] = {
             "final_returns": finals.tolist(), "final_mean": float(np.mean(finals)), "final_sd": float(np.std(finals)),
             "best": float(np.nanmax(c[:, :, 1])), "best_per_seed": np.nanmax(c[:, :, 1], axis=1).tolist(),
-            "first_eval": firsts.tolist(), "all_finite": finite, "non_finite_columns": r["non_finite_columns"],
+            "last5_mean": float(np.mean(c[:, -5:, 1])), "q_mean_min": float(np.min(q)),
+            "q_mean_max": float(np.max(q)), "first_eval": firsts.tolist(), "all_finite": finite,
+            "non_finite_columns": r["non_finite_columns"],
             "wall_s": r["wall_s"], "total_s": r["total_s"]}
     two = table.get("two_phase")
     passed = None
@@ -107,14 +112,14 @@ def summarize(results: list[dict]) -> dict:
 
 
 def markdown_table(summary: dict) -> str:
-    lines = ["| configuration | final return per seed | final mean ± sd | best (any seed, any eval) | best per seed | "
-             "all finite | wall s |", "|---" * 7 + "|"]
+    lines = ["| configuration | final return per seed | final mean ± sd | mean of last 5 evals | best (any seed, any "
+             "eval) | best per seed | logged Q mean min..max | all finite | wall s |", "|---" * 9 + "|"]
     for name, row in summary["configs"].items():
+        finite = "yes" if row["all_finite"] else f"NO: {row['non_finite_columns']}"
         lines.append(f"| {LABELS[name]} | {', '.join(f'{x:.0f}' for x in row['final_returns'])} | "
-                     f"**{row['final_mean']:.0f} ± {row['final_sd']:.0f}** | {row['best']:.0f} | "
-                     f"{', '.join(f'{x:.0f}' for x in row['best_per_seed'])} | "
-                     f"{'yes' if row['all_finite'] else 'NO: ' + str(row['non_finite_columns'])} | "
-                     f"{row['total_s']:.0f} |")
+                     f"**{row['final_mean']:.0f} ± {row['final_sd']:.0f}** | {row['last5_mean']:.0f} | "
+                     f"{row['best']:.0f} | {', '.join(f'{x:.0f}' for x in row['best_per_seed'])} | "
+                     f"{row['q_mean_min']:.0f}..{row['q_mean_max']:.0f} | {finite} | {row['total_s']:.0f} |")
     return "\n".join(lines)
 
 
@@ -145,7 +150,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="members (seeds) of each configuration's population")
     parser.add_argument("--out", default="runs/spo_pendulum")
     args = parser.parse_args()
-    results_path = HERE / "results" / "spo_pendulum" / "results.json"
+    suffix = "" if args.seeds == 3 else f"_{args.seeds}seeds"
+    results_path = HERE / "results" / "spo_pendulum" / f"results{suffix}.json"
     data = json.loads(results_path.read_text()) if results_path.exists() else {"steps": args.steps, "runs": []}
     if data["steps"] != args.steps:
         raise SystemExit(f"{results_path} holds a {data['steps']}-step run; move it away to run {args.steps} steps")
@@ -153,13 +159,13 @@ def main() -> None:
     for name in args.configs.split(","):
         if name in done:
             continue
-        data["runs"].append(run_config(name, args.steps, args.seeds, Path(args.out) / name))
+        data["runs"].append(run_config(name, args.steps, args.seeds, Path(args.out + suffix) / name))
         data["summary"] = summarize(data["runs"])
         results_path.parent.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(data, indent=1) + "\n")
         print(json.dumps({"config": name, **data["summary"]["configs"][name],
                           "compile_s": data["runs"][-1]["compile_s"]}), flush=True)
-    plot(data["runs"], HERE / "plots" / "spo_pendulum.png", args.steps)
+    plot(data["runs"], HERE / "plots" / f"spo_pendulum{suffix}.png", args.steps)
     print(markdown_table(data["summary"]))
     print(json.dumps(data["summary"]["criterion"]))
 
