@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from popjax.config import RunConfig
-from popjax.distributed import fetch, gather_rows, processes
+from popjax.distributed import fetch, gather_rows, is_writer, processes
 from popjax.drivers.base import Driver, Episodes, Rollout
 from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
@@ -296,7 +296,7 @@ class Loop:
     def run(self, state, env_state):
         cfg = self.config
         env_steps, _ = self.counters(state)
-        with TrainProgress(cfg.total_env_steps, enabled=cfg.progress, start=env_steps) as progress:
+        with TrainProgress(cfg.total_env_steps, enabled=cfg.progress and is_writer(), start=env_steps) as progress:
             while env_steps < cfg.total_env_steps:
                 start, compile_before = time.perf_counter(), self.compiler.compile_s
                 before = env_steps
