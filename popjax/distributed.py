@@ -119,6 +119,15 @@ def gather_rows(local: np.ndarray) -> np.ndarray:
     return gathered.view(a.dtype).reshape((-1,) + a.shape[1:])
 
 
+def free_local_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for the coordinator of a job on this machine (tests, benchmarks)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def barrier(name: str) -> None:
     """Waits until every process reaches the barrier called ``name`` (a no-op for one process)."""
     if processes() > 1:

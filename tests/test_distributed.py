@@ -8,7 +8,6 @@ process with 4 forced devices. Every subprocess is bounded in time.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,14 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from popjax.distributed import free_local_port
+
 JOB = str(Path(__file__).with_name("distributed_job.py"))
 LIMIT_S = 240  # any process still running by then is a hang: the test fails
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env():
@@ -37,7 +32,7 @@ def start_job(out: Path, mode: str, driver: str, *extra_per_process, timeout_s: 
               started=(0, 1)) -> list[subprocess.Popen]:
     """Starts the ``started`` processes of a 2-process job; ``extra_per_process``: more argv of process 0, then 1."""
     out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = free_local_port()
     procs = []
     for i in started:
         extra = list(extra_per_process[i]) if i < len(extra_per_process) else []

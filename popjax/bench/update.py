@@ -37,7 +37,6 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from popjax import distributed
 from popjax.bench import common
 from popjax.bench import options as opt
 from popjax.bench.common import log
@@ -588,34 +588,22 @@ def hlo_collectives(compiled) -> dict[str, int] | None:
     return counts
 
 
-def _gather(x: np.ndarray) -> np.ndarray:
-    """``[processes, ...]``: ``x`` of every process of the job (a collective; ``x[None]`` in one process)."""
-    from popjax import distributed
-
-    if distributed.processes() == 1:
-        return np.asarray(x)[None]
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=False))
-
-
 def _slowest(times: list[float]) -> dict[str, Any]:
     """Timing statistics of the slowest process's time of each call (every process passes as many times)."""
-    every = _gather(np.asarray(times, np.float64))
+    every = distributed.gather_rows(np.asarray(times, np.float64)[None])  # [processes, calls], exact float64
     return common.summarize(every.max(axis=0)) | {"per_process_median_s": [float(np.median(t)) for t in every]}
 
 
 def _time_job_point(p: Problem, pop: int, devices: int, prepared: list[tuple[str, dict[str, Any]]],
                     opts) -> list[dict[str, Any]]:
     """Times prepared implementations of one N in every process of the job in step (see ``JOB_DESCRIPTION``)."""
-    from popjax import distributed
-
     probes = []
     for _, entry in prepared:
         start = time.perf_counter()
         entry["sync"](entry["call"]())
         probes.append(time.perf_counter() - start)
-    probe = _gather(np.asarray(probes)).max(axis=0)  # the same on every process: so are the counts
+    # the slowest process's probe, the same on every process: so are the counts
+    probe = distributed.gather_rows(np.asarray(probes)[None]).max(axis=0)
     counts = [max(entry["min_repeats"], min(MAX_CALLS, math.ceil(opts.min_time / max(float(s), 1e-9))))
               for (_, entry), s in zip(prepared, probe, strict=True)]
     distributed.barrier(f"popjax-bench-update-{p.learner}-{pop}")
@@ -641,8 +629,6 @@ def job_main(spec: dict[str, Any]) -> None:
     """One process of a job started by ``run_job`` (``python -m popjax.bench.update_worker``), once JAX has its
     devices and the job is joined: times every point of ``spec`` (see ``JOB_DESCRIPTION``); process 0 writes
     the rows to ``spec["result"]`` after every N (partial results survive a failure)."""
-    from popjax import distributed
-
     o = Options(**spec["options"])
     impls = [i for i in o.implementations if i in VECTORIZED]
     total, local, processes = jax.device_count(), jax.local_device_count(), distributed.processes()
@@ -675,12 +661,6 @@ def job_main(spec: dict[str, Any]) -> None:
                     out["rows"].append(rec | tag)
             if distributed.is_writer():
                 common.write_json(Path(spec["result"]), out)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _job_env() -> dict[str, str]:
@@ -719,7 +699,7 @@ def run_job(o: Options, pops: list[int], processes: int, per_process: int, measu
     work.mkdir(parents=True, exist_ok=True)
     result = work / "result.json"
     spec = {"options": dataclasses.asdict(o), "pops": list(pops), "processes": processes,
-            "devices_per_process": per_process, "coordinator": f"127.0.0.1:{_free_port()}",
+            "devices_per_process": per_process, "coordinator": f"127.0.0.1:{distributed.free_local_port()}",
             "timeout_s": JOB_TIMEOUT_S, "measure_layer": measure_layer, "result": str(result),
             "parent_pid": os.getpid()}
     spec_path = work / "spec.json"

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from popjax.distributed import processes
 from popjax.population.members import Members
 from popjax.types import PyTree
 
@@ -84,10 +85,15 @@ class Placement:
         return tree if shardings is None else jax.device_put(tree, shardings)
 
     # --- several processes: each holds the members on its own devices (host-path envs) ----------------
+    @property
+    def one_process(self) -> bool:
+        """Every device of the placement belongs to this process."""
+        return self.mesh is None or processes() == 1
+
     def local_members(self, pop_size: int) -> tuple[int, int]:
         """``(first, count)``: the members whose rows live on this process's devices (all of them on one
         process). Members are split in order over the mesh, whose devices are ordered by process."""
-        if self.mesh is None or jax.process_count() == 1:
+        if self.one_process:
             return 0, pop_size
         per_device = pop_size // self.devices
         mine = [i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()]
@@ -95,7 +101,7 @@ class Placement:
 
     def from_local(self, tree: PyTree) -> PyTree:
         """Host arrays of this process's members (axis 0) as global arrays split over the job's devices."""
-        if self.mesh is None or jax.process_count() == 1:
+        if self.one_process:
             return tree
         split = NamedSharding(self.mesh, PartitionSpec(DEVICE_AXIS))
         return jax.tree.map(lambda x: jax.make_array_from_process_local_data(split, np.asarray(x)), tree)
@@ -103,8 +109,10 @@ class Placement:
     def to_local(self, x: jax.Array, rows: tuple[int, int]) -> np.ndarray:
         """The rows ``(first, count)`` of this process's members of a global array, as numpy."""
         first, count = rows
-        if x.is_fully_addressable or x.is_fully_replicated:
-            return np.asarray(x.addressable_data(0) if not x.is_fully_addressable else x)[first:first + count]
+        if x.is_fully_addressable:
+            return np.asarray(x)[first:first + count]
+        if x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))[first:first + count]
         starts = {}
         for shard in x.addressable_shards:  # member-split: one block of rows per local device
             starts.setdefault(shard.index[0].start or 0, shard)
