@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from sweep_common import plot_curves
 
 import popjax
 from popjax.bench.cemrl_order import make_sequential_order
@@ -88,14 +89,9 @@ def td3_runs(env: str, budget: int, seeds: list[int], hidden: list[int], warmup:
 
 
 def plot_seed_curves(ax, runs: list[dict], color: str, method: str) -> None:
-    """Each run's ``curve`` ([x, return] rows) thin, and their mean over seeds thick."""
-    curves = [np.asarray(r["curve"]) for r in runs]
-    for c in curves:
-        ax.plot(c[:, 0], c[:, 1], color=color, lw=0.8, alpha=0.35)
-    n = min(len(c) for c in curves)
-    stacked = np.stack([c[:n] for c in curves])
-    ax.plot(stacked[0, :, 0], stacked[:, :, 1].mean(0), color=color, lw=2.2,
-            label=f"{method} (mean of {len(curves)} seed{'s' if len(curves) > 1 else ''})")
+    """Each run's ``curve`` thin, and their mean over seeds thick (``plot_curves``)."""
+    plot_curves(ax, [r["curve"] for r in runs], color,
+                f"{method} (mean of {len(runs)} seed{'s' if len(runs) > 1 else ''})")
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:

@@ -18,12 +18,12 @@ and experiments/plots/spo_cartpole.png (``--seeds N`` other than 3: ``results_Ns
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import time
 from pathlib import Path
 
 import numpy as np
+from sweep_common import member_rows, plot_curves, run_sweep
 
 import popjax
 from popjax.plots import save_figure
@@ -45,12 +45,7 @@ def run_config(replicas: int, local_steps: int, steps: int, seeds: int, out: Pat
         learner_config={"hidden": [64, 64], "replicas": replicas, "local_steps": local_steps,
                         "target_rounds": TARGET_PERIOD // local_steps},
         out_dir=out)
-    with (out / "metrics.csv").open() as f:
-        rows = list(csv.DictReader(f))
-    curves = []
-    for m in range(seeds):
-        member = [r for r in rows if int(r["member"]) == m]
-        curves.append([[int(r["updates"]), float(r["eval_return"])] for r in member])
+    curves = [[[int(r["updates"]), float(r["eval_return"])] for r in member] for member in member_rows(out, seeds)]
     s = run.summary
     return {"replicas": replicas, "local_steps": local_steps, "target_rounds": TARGET_PERIOD // local_steps,
             "curves": curves, "final_returns": s["final_returns"], "updates": s["updates"], "wall_s": s["wall_s"],
@@ -121,11 +116,8 @@ def plot(results: list[dict], path: Path, steps: int) -> None:
     for ax, h in zip(axes[0], hs, strict=True):
         for r in sorted((r for r in results if r["local_steps"] == h), key=lambda r: r["replicas"]):
             color = {1: "C0", 2: "C1", 4: "C2"}.get(r["replicas"], "C3")
-            curves = np.asarray(r["curves"])  # [seeds, evals, 2]
-            for c in curves:
-                ax.plot(c[:, 0], c[:, 1], color=color, lw=0.8, alpha=0.35)
-            ax.plot(curves[0, :, 0], curves[:, :, 1].mean(0), color=color, lw=2.2,
-                    label=f"R = {r['replicas']} (b = {B // r['replicas']}), mean of {len(curves)} seeds")
+            plot_curves(ax, r["curves"], color,
+                        f"R = {r['replicas']} (b = {B // r['replicas']}), mean of {len(r['curves'])} seeds")
         ax.set_title(f"H = {h} local steps per round", fontsize=10)
         ax.set_xlabel("policy updates (local steps on the global batch B = 256)")
         ax.grid(alpha=0.3)
@@ -146,20 +138,13 @@ def main() -> None:
     args = parser.parse_args()
     suffix = "" if args.seeds == 3 else f"_{args.seeds}seeds"
     results_path = HERE / "results" / "spo_cartpole" / f"results{suffix}.json"
-    data = json.loads(results_path.read_text()) if results_path.exists() else {"steps": args.steps, "runs": []}
-    if data["steps"] != args.steps:
-        raise SystemExit(f"{results_path} holds a {data['steps']}-step sweep; move it away to run {args.steps} steps")
-    done = {(r["replicas"], r["local_steps"]) for r in data["runs"]}
-    for cfg in args.configs.split(","):
+
+    def run(cfg: str) -> dict:
         replicas, local_steps = (int(x) for x in cfg.split("x"))
-        if (replicas, local_steps) in done:
-            continue
-        data["runs"].append(run_config(replicas, local_steps, args.steps, args.seeds, Path(args.out + suffix) / cfg))
-        data["summary"] = summarize(data["runs"])
-        results_path.parent.mkdir(parents=True, exist_ok=True)
-        results_path.write_text(json.dumps(data, indent=1) + "\n")
-        row = {"config": cfg, **data["summary"]["configs"][cfg], "compile_s": data["runs"][-1]["compile_s"]}
-        print(json.dumps(row), flush=True)
+        return run_config(replicas, local_steps, args.steps, args.seeds, Path(args.out + suffix) / cfg)
+
+    data = run_sweep(results_path, args.steps, args.configs.split(","),
+                     lambda runs: {f"{r['replicas']}x{r['local_steps']}" for r in runs}, run, summarize)
     plot(data["runs"], HERE / "plots" / f"spo_cartpole{suffix}.png", args.steps)
     print(markdown_table(data["summary"]))
     print(json.dumps(data["summary"]["gate"]))

@@ -26,13 +26,13 @@ is finite and better than its first evaluation).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import time
 from pathlib import Path
 
 import numpy as np
+from sweep_common import member_rows, plot_curves, run_sweep
 
 import popjax
 from popjax.plots import save_figure
@@ -70,11 +70,9 @@ def run_config(name: str, steps: int, seeds: int, out: Path) -> dict:
         total_env_steps=steps, warmup_steps=1_000, rollout_len=50, update_ratio=1.0, batch_size=B,
         buffer_size=steps, eval_interval=1_000, eval_episodes=10, checkpoint_interval=0, progress=False,
         hparams=HPARAMS, learner_config={"hidden": [64, 64], **learner_config}, out_dir=out)
-    with (out / "metrics.csv").open() as f:
-        rows = list(csv.DictReader(f))
+    members = member_rows(out, seeds)
     curves, non_finite, q_means = [], [], []
-    for m in range(seeds):
-        member = [r for r in rows if int(r["member"]) == m]
+    for member in members:
         curves.append([[int(r["env_steps"]), to_float(r["eval_return"])] for r in member])
         # any non-finite number the run logged for this member (returns, losses, Q means); the warm-up rows
         # (0 updates) log nan losses by construction, so only their returns are checked
@@ -84,7 +82,8 @@ def run_config(name: str, steps: int, seeds: int, out: Path) -> dict:
         q_means.append([[int(r["env_steps"]), to_float(r["q_mean"])] for r in member if int(r["updates"]) > 0])
     s = run.summary
     return {"config": name, "learner": learner, "learner_config": learner_config, "curves": curves,
-            "non_finite_columns": non_finite, "q_means": q_means, "columns": list(rows[0].keys()) if rows else [],
+            "non_finite_columns": non_finite, "q_means": q_means,
+            "columns": list(members[0][0].keys()) if members[0] else [],
             "final_returns": s["final_returns"], "updates": s["updates"], "wall_s": s["wall_s"],
             "compile_s": s["compile_s"], "total_s": time.time() - started, "out": str(out)}
 
@@ -129,11 +128,7 @@ def plot(results: list[dict], path: Path, steps: int) -> None:
     fig, ax = plt.subplots(figsize=(8.5, 4.6))
     colors = {"two_phase": "C1", "naive": "C3", "td3": "C0"}
     for r in results:
-        curves = np.asarray(r["curves"], dtype=float)
-        for c in curves:
-            ax.plot(c[:, 0], c[:, 1], color=colors[r["config"]], lw=0.8, alpha=0.35)
-        ax.plot(curves[0, :, 0], curves[:, :, 1].mean(0), color=colors[r["config"]], lw=2.2,
-                label=f"{LABELS[r['config']]}, mean of {len(curves)} seeds")
+        plot_curves(ax, r["curves"], colors[r["config"]], f"{LABELS[r['config']]}, mean of {len(r['curves'])} seeds")
     ax.set_xlabel("env steps per seed")
     ax.set_ylabel("eval return (10 deterministic episodes)")
     ax.grid(alpha=0.3)
@@ -152,19 +147,8 @@ def main() -> None:
     args = parser.parse_args()
     suffix = "" if args.seeds == 3 else f"_{args.seeds}seeds"
     results_path = HERE / "results" / "spo_pendulum" / f"results{suffix}.json"
-    data = json.loads(results_path.read_text()) if results_path.exists() else {"steps": args.steps, "runs": []}
-    if data["steps"] != args.steps:
-        raise SystemExit(f"{results_path} holds a {data['steps']}-step run; move it away to run {args.steps} steps")
-    done = {r["config"] for r in data["runs"]}
-    for name in args.configs.split(","):
-        if name in done:
-            continue
-        data["runs"].append(run_config(name, args.steps, args.seeds, Path(args.out + suffix) / name))
-        data["summary"] = summarize(data["runs"])
-        results_path.parent.mkdir(parents=True, exist_ok=True)
-        results_path.write_text(json.dumps(data, indent=1) + "\n")
-        print(json.dumps({"config": name, **data["summary"]["configs"][name],
-                          "compile_s": data["runs"][-1]["compile_s"]}), flush=True)
+    data = run_sweep(results_path, args.steps, args.configs.split(","), lambda runs: {r["config"] for r in runs},
+                     lambda name: run_config(name, args.steps, args.seeds, Path(args.out + suffix) / name), summarize)
     plot(data["runs"], HERE / "plots" / f"spo_pendulum{suffix}.png", args.steps)
     print(markdown_table(data["summary"]))
     print(json.dumps(data["summary"]["criterion"]))
