@@ -26,7 +26,7 @@ from popjax.population.hparams import Range, check_hparams, population_hparams
 from popjax.population.members import Members
 from popjax.population.sharding import Placement, acting_device, reserve_acting_device
 from popjax.presets import apply_preset
-from popjax.rundir import RunDir, RunLock, check_new_run, start_run
+from popjax.rundir import RunDir, RunLock, check_new_run
 
 
 @dataclasses.dataclass
@@ -124,8 +124,7 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
     distributed.barrier("popjax-checked")  # every process has checked out_dir before process 0 writes
     run_dir = RunDir(out_dir, tensorboard=config.tensorboard, writes=distributed.is_writer())
     with _writer_lock(out_dir):
-        if run_dir.writes:
-            start_run(run_dir)
+        run_dir.start()
         run_dir.write_config(config.to_dict())
         loop.run_dir, loop.checkpointer = run_dir, _checkpointer(run_dir)
         return _finish(loop, *loop.initial_state())
@@ -185,8 +184,7 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
             loop.checkpointer.close()
             return Run(rd.path, rd.read_summary(), restored[0])  # finished: nothing to do, nothing written
         else:
-            if rd.writes:
-                _drop_partial_metrics_row(rd)
+            rd.drop_partial_metrics_row()
             rd.truncate_metrics(loop.counters(restored[0])[0])
         if overrides:
             rd.write_config(config.to_dict())
@@ -268,19 +266,6 @@ def plot_run(run_dir) -> list[Path]:
 
 def _checkpointer(run_dir: RunDir) -> Checkpointer:
     return Checkpointer(run_dir.path / "checkpoints", max_to_keep=3)
-
-
-def _drop_partial_metrics_row(run_dir: RunDir) -> None:
-    """Cuts a last line left incomplete by a kill in the middle of an append."""
-    path = run_dir.metrics_path
-    if path.exists() and path.stat().st_size:
-        data = path.read_bytes()
-        if not data.endswith(b"\n"):
-            data = data[: data.rfind(b"\n") + 1]
-            if data:
-                path.write_bytes(data)
-            else:  # not even a complete header
-                path.unlink()
 
 
 def _finish(loop: Loop, state, env_state) -> Run:

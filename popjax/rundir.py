@@ -70,6 +70,24 @@ class RunDir:
         return (self.path / MARKER).is_file()
 
     @_writing
+    def start(self) -> None:
+        """Marks the directory as a popjax run (locked by the caller), removing an earlier run's outputs.
+
+        Only popjax's own outputs go (``OUTPUT_FILES``, ``OUTPUT_PATTERNS``); any other file stays.
+        """
+        for name in OUTPUT_FILES:
+            (self.path / name).unlink(missing_ok=True)
+        for folder, patterns in OUTPUT_PATTERNS.items():
+            for pattern in patterns:
+                for target in (self.path / folder).glob(pattern):
+                    shutil.rmtree(target) if target.is_dir() else target.unlink()
+            if (self.path / folder).is_dir() and not any((self.path / folder).iterdir()):
+                (self.path / folder).rmdir()
+        self.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.path / MARKER, json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                                      "pid": os.getpid()}) + "\n")
+
+    @_writing
     def write_config(self, config: Mapping[str, Any]) -> None:
         self._ensure()
         _atomic_write(self.path / "config.yaml", yaml.safe_dump(dict(config), sort_keys=False))
@@ -138,6 +156,19 @@ class RunDir:
             return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
 
     @_writing
+    def drop_partial_metrics_row(self) -> None:
+        """Cuts a last line left incomplete by a kill in the middle of an append."""
+        path = self.metrics_path
+        if path.exists() and path.stat().st_size:
+            data = path.read_bytes()
+            if not data.endswith(b"\n"):
+                data = data[: data.rfind(b"\n") + 1]
+                if data:
+                    path.write_bytes(data)
+                else:  # not even a complete header
+                    path.unlink()
+
+    @_writing
     def truncate_metrics(self, max_env_steps: int) -> None:
         """Drops rows logged after ``max_env_steps`` (used by resume to avoid duplicates)."""
         if not self.metrics_path.exists():
@@ -204,24 +235,6 @@ def check_new_run(path: Path, overwrite: bool) -> None:
     parent = path if path.is_dir() else next(p for p in path.absolute().parents if p.exists())
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"out_dir: {parent} is not writable")
-
-
-def start_run(run_dir: RunDir) -> None:
-    """Marks ``run_dir`` as a popjax run (locked by the caller), removing an earlier run's outputs.
-
-    Only popjax's own outputs go (``OUTPUT_FILES``, ``OUTPUT_PATTERNS``); any other file stays.
-    """
-    for name in OUTPUT_FILES:
-        (run_dir.path / name).unlink(missing_ok=True)
-    for folder, patterns in OUTPUT_PATTERNS.items():
-        for pattern in patterns:
-            for target in (run_dir.path / folder).glob(pattern):
-                shutil.rmtree(target) if target.is_dir() else target.unlink()
-        if (run_dir.path / folder).is_dir() and not any((run_dir.path / folder).iterdir()):
-            (run_dir.path / folder).rmdir()
-    run_dir.path.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir.path / MARKER, json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                                      "pid": os.getpid()}) + "\n")
 
 
 class RunLock:
