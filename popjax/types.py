@@ -73,3 +73,17 @@ def dummy_transition(spec: EnvSpec) -> Transition:
         next_obs=jnp.zeros(spec.obs_shape, jnp.float32),
         terminated=jnp.zeros((), jnp.float32),
     )
+
+
+@struct.dataclass
+class Trajectory:
+    """A time-major rollout of one member's envs, for on-policy learners.
+
+    ``transitions`` are ``[T, envs, ...]`` in the order the envs were stepped; ``ended[t, e]`` is
+    True when env ``e``'s episode ended at step ``t`` (terminated *or* truncated: the env was reset,
+    so step ``t + 1`` starts a new episode). A truncation keeps ``terminated = 0``, so a return
+    estimate bootstraps from ``next_obs`` there and cuts the recursion.
+    """
+
+    transitions: Transition
+    ended: jax.Array

@@ -231,6 +231,8 @@ class DriverDef:
       pmap: whether the driver runs on ``--parallel pmap`` (one program per device).
       replay_transitions: ``config -> int``, replay transitions held in total (memory check).
       prioritized_replay: whether the driver honours ``buffer: prioritized``.
+      on_policy: whether the driver trains on-policy learners (``LearnerDef.on_policy``); drivers
+        built on a replay buffer (CEM-RL, DvD) do not.
     """
 
     name: str
@@ -240,6 +242,7 @@ class DriverDef:
     pmap: bool = True
     replay_transitions: Callable[[RunConfig], int] = per_member_buffers
     prioritized_replay: bool = False
+    on_policy: bool = False
 
     def parse_options(self, config: RunConfig, nested: bool = False) -> DriverOptions:
         """The run's options block of this driver, validated (``ConfigError`` naming ``<name>.<key>``)."""

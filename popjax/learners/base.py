@@ -40,6 +40,14 @@ class Learner(NamedTuple):
     Optional, for prioritized replay: ``update_weighted(key, state, batch, weights [B], hparams)
     -> (state, metrics, td_abs [B])`` is ``update`` with the TD loss of sample ``i`` weighted by
     ``weights[i]`` (importance weights) and returning ``|TD error|`` per sample (the new priorities).
+
+    On-policy learners (PPO, A2C) offer ``update_rollout(key, state, trajectory, hparams, behaviour)
+    -> (state, metrics)`` instead of ``update`` (which is then None): one on-policy update from a
+    ``popjax.types.Trajectory`` ``[T, envs, ...]`` of this member. ``behaviour`` is the learner state
+    whose policy collected the trajectory: the state itself for a synchronous loop, the previous one
+    under a one-step lag (HTS-RL), where the learner corrects for the lag (A2C: the gradient at the
+    behaviour parameters applied to the current ones; PPO: old log-probabilities from ``behaviour``).
+    Such a learner keeps no replay buffer; its ``LearnerDef.on_policy`` is True.
     """
 
     init: Callable[[Key, Any], Any]
@@ -49,6 +57,7 @@ class Learner(NamedTuple):
     chunk: int = 1
     update_chunk: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
     update_weighted: Callable[[Key, Any, Transition, jax.Array, Any], tuple[Any, Metrics, jax.Array]] | None = None
+    update_rollout: Callable[[Key, Any, Any, Any, Any], tuple[Any, Metrics]] | None = None
 
 
 def chunk_update(learner: Learner) -> Callable:
@@ -97,6 +106,9 @@ class LearnerDef:
     # (config, initial hparams [pop], updates per call K, hparams a driver may change) -> config: a learner
     # may fix a static setting the run allows (TD3: a policy delay no member will change).
     specialize: Callable[[Any, Any, int, frozenset[str]], Any] | None = None
+    # An on-policy learner (``Learner.update_rollout``): trained on each iteration's trajectories,
+    # no replay buffer; only drivers whose ``DriverDef.on_policy`` is True accept it.
+    on_policy: bool = False
 
 
 # Adam without its learning rate: `params - lr * scale_by_adam(grads)` equals Adam(lr)
