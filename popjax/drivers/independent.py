@@ -60,7 +60,7 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
     prioritized = cfg.buffer == "prioritized"
     if prioritized and learner.update_weighted is None:
         raise ConfigError(f"buffer: the {cfg.learner} learner has no prioritized update (allowed: uniform)")
-    buffer = (make_prioritized_buffer(cfg.buffer_size, cfg.batch_size) if prioritized
+    buffer = (make_prioritized_buffer(cfg.buffer_size, cfg.batch_size, delay=cfg.per_delay) if prioritized
               else make_uniform_buffer(cfg.buffer_size, cfg.batch_size))
     new_buffer = ((lambda: buffer.init(dummy_transition(spec), per_hyperparams(cfg.per_alpha, cfg.per_beta,
                                                                                cfg.per_eps)))
