@@ -102,7 +102,7 @@ class RunConfig:
         "must fit in the machine's memory")
     buffer: OneOf(REPLAY_KINDS) = Field(
         "uniform", description="replay sampling: uniform, or prioritized by |TD error| (K-ary sum tree; "
-        "independent and pbt drivers, learners td3 and sac)")
+        "independent and pbt drivers; learners td3, sac, dqn, and spo_dqn/spo_td3 with one bank per replica)")
     per_alpha: Float(ge=0, le=1) = Field(0.6, description="prioritized replay: priority exponent, (|TD| + eps)^alpha "
                                                           "(popjax default)")
     per_beta: Float(ge=0, le=1) = Field(0.4, description="prioritized replay: importance-weight exponent "
