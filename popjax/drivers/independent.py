@@ -15,7 +15,8 @@ weights and writes the returned ``|TD error|`` back as the sampled rows' priorit
 used). A learner with ``update_chunk_weighted`` (SPO) is driven by chunks: per chunk of H steps it samples H
 batches (each bank its own B / banks rows, so replica r reads bank r), runs the chunk, then writes the H steps'
 priorities in step order. All H batches are drawn before the chunk, so within a chunk priorities lag by up to
-H - 1 samplings: the same relaxation as the write delay. Writes go through the buffer's delay FIFO
+H - 1 samplings (the thesis's SPO learners, Zhang 2022 Alg. 7/8, write before each next sample): the same
+relaxation as the write delay. Writes go through the buffer's delay FIFO
 (``per_delay`` D: step t's write lands just before step t + D samples; pending writes are carried across
 iterations in the buffer state).
 
