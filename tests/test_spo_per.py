@@ -113,7 +113,7 @@ def test_replica_r_reads_and_writes_only_bank_r(monkeypatch):
     assert buffer.size.tolist() == [40, 40]
     written = 0
     for bank in range(replicas):
-        own = np.asarray(priority_from_td(td_of(jax.tree.map(lambda x: x[bank, :rows], buffer.data)),
+        own = np.asarray(priority_from_td(td_of(jax.tree.map(lambda x, bank=bank: x[bank, :rows], buffer.data)),
                                           buffer.hyper.alpha, buffer.hyper.eps))
         hit = leaves[bank, :rows] != 1.0
         np.testing.assert_allclose(leaves[bank, :rows][hit], own[hit], rtol=1e-6)
@@ -141,7 +141,7 @@ def test_vmapped_spo_per_round_equals_per_member_loop(name):
         buffer = buf.add(buffer, random_batch(jax.random.fold_in(key, 1), spec, 32))
         for t in range(3):
             round_key = jax.random.fold_in(key, 10 + t)
-            batches, info = jax.vmap(lambda k: buf.sample(k, buffer))(jax.random.split(round_key, h))
+            batches, info = jax.vmap(buf.sample, in_axes=(0, None))(jax.random.split(round_key, h), buffer)
             state, _, td_abs = learner.update_chunk_weighted(jax.random.split(round_key, h), state, batches,
                                                              info.weights.reshape(h, -1), hp)
             for i in range(h):

@@ -63,7 +63,8 @@ class Learner(NamedTuple):
     update_chunk: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
     update_weighted: Callable[[Key, Any, Transition, jax.Array, Any], tuple[Any, Metrics, jax.Array]] | None = None
     update_rollout: Callable[[Key, Any, Any, Any, Any], tuple[Any, Metrics]] | None = None
-    update_chunk_weighted: Callable[[Key, Any, Transition, jax.Array, Any], tuple[Any, Metrics, jax.Array]] | None = None
+    update_chunk_weighted: Callable[[Key, Any, Transition, jax.Array, Any],
+                                    tuple[Any, Metrics, jax.Array]] | None = None
     banks: int = 1
 
 
