@@ -94,7 +94,9 @@ def plot(results: list[dict], summary: dict, path: Path, steps: int) -> None:
                   label=f"last {LAST} evals, mean")
     if rows and rows[0]["delay"] == 1:
         ax_final.axhline(0.9 * rows[0]["final_mean"], color="gray", ls=":", label="0.9 x final (D = 1)")
-    ax_final.set_xscale("symlog", linthresh=10)
+    ax_final.set_xscale("log")
+    ax_final.set_xticks(delays, [str(d) for d in delays])
+    ax_final.minorticks_off()
     ax_final.set_xlabel("priority-write delay D (samplings)")
     ax_final.set_ylabel("eval return (10 deterministic episodes)")
     ax_final.grid(alpha=0.3)
@@ -104,7 +106,8 @@ def plot(results: list[dict], summary: dict, path: Path, steps: int) -> None:
     ax_curves.set_xlabel("env steps per seed")
     ax_curves.grid(alpha=0.3)
     ax_curves.legend(fontsize=8)
-    fig.suptitle(f"DQN + prioritized replay on probe:cartpole, {steps} env steps, 3 seeds per D", fontsize=10)
+    seeds = len(results[0]["curves"]) if results else 0
+    fig.suptitle(f"DQN + prioritized replay on probe:cartpole, {steps} env steps, {seeds} seeds per D", fontsize=10)
     save_figure(fig, path)
 
 
