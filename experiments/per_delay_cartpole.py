@@ -64,15 +64,26 @@ def summarize(results: list[dict]) -> dict:
                                         f"ratio_of_last_{LAST}_evaluations": late_ratio}}
 
 
+def ratio_interval(values: list[float], base: list[float], draws: int = 2000) -> tuple[float, float]:
+    """5-95 % bootstrap interval of mean(values) / mean(base), seeds resampled independently in both."""
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(values), np.asarray(base)
+    ratios = rng.choice(a, (draws, len(a))).mean(1) / rng.choice(b, (draws, len(b))).mean(1)
+    return float(np.percentile(ratios, 5)), float(np.percentile(ratios, 95))
+
+
 def markdown_table(summary: dict) -> str:
-    lines = ["| D | final return per seed | final mean ± sd | ratio to D = 1 | "
-             f"mean of last {LAST} evals per seed | its mean | wall s |", "|---" * 7 + "|"]
+    lines = ["| D | final return per seed | final mean ± sd | ratio to D = 1 | 5-95 % bootstrap of ratio | "
+             f"mean of last {LAST} evals per seed | its mean | wall s |", "|---" * 8 + "|"]
     configs = summary["configs"]
     base = configs.get("1")
     for _, row in sorted(configs.items(), key=lambda kv: kv[1]["delay"]):
-        ratio = f"{row['final_mean'] / base['final_mean']:.2f}" if base and base["final_mean"] > 0 else "-"
+        ratio = boot = "-"
+        if base and base["final_mean"] > 0 and row["delay"] != 1:
+            ratio = f"{row['final_mean'] / base['final_mean']:.2f}"
+            boot = "{:.2f}-{:.2f}".format(*ratio_interval(row["final_returns"], base["final_returns"]))
         lines.append(f"| {row['delay']} | {', '.join(f'{x:.0f}' for x in row['final_returns'])} | "
-                     f"{row['final_mean']:.0f} ± {row['final_sd']:.0f} | {ratio} | "
+                     f"{row['final_mean']:.0f} ± {row['final_sd']:.0f} | {ratio} | {boot} | "
                      f"{', '.join(f'{x:.0f}' for x in row['late_returns'])} | {row['late_mean']:.0f} | "
                      f"{row['wall_s']:.0f} |")
     return "\n".join(lines)
