@@ -58,6 +58,22 @@ def test_unit_weights_equal_the_unweighted_round_and_td_abs_per_row(name):
     assert learner.banks == 2 and learner.update_weighted is None
 
 
+@pytest.mark.parametrize("naive", [False, True])
+def test_spo_td3_importance_weights_never_enter_the_actor_loss(naive):
+    """With the critic frozen (critic lr 0), any weights give the same actors: they weight the critic loss only."""
+    definition, config, spec, learner = make("spo_td3", replicas=2, local_steps=2, target_rounds=1, naive=naive)
+    hp = with_values(definition.default_hparams(config), critic_lr=0.0, actor_lr=0.01)
+    state = learner.init(jax.random.key(0), hp)
+    keys = jax.random.split(jax.random.key(1), 2)
+    batches = stack([random_batch(jax.random.key(20 + i), spec, B) for i in range(2)])
+    update = jax.jit(learner.update_chunk_weighted)
+    ones = update(keys, state, batches, jnp.ones((2, B)), hp)[0]
+    uneven = update(keys, state, batches, jax.random.uniform(jax.random.key(2), (2, B), minval=0.05), hp)[0]
+    assert_trees_equal(uneven.actor, ones.actor)
+    assert_trees_equal(uneven.actor_opt, ones.actor_opt)
+    assert not np.allclose(jax.tree.leaves(ones.actor)[0], jax.tree.leaves(state.actor)[0])  # the actor did move
+
+
 def test_one_replica_one_local_step_spo_dqn_per_equals_dqn_per():
     """R = 1, H = 1, a target copy every F = 25 rounds: SPO-DQN + PER is DQN + PER (period 25) step for step."""
     options = dict(RUN, learner="spo_dqn", per_delay=2, hparams={"lr": 0.01},
