@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from learner_helpers import SPECS, assert_trees_close, assert_trees_equal, fast_compile, trees_differ  # noqa: F401
 
 import popjax
-from learner_helpers import SPECS, assert_trees_close, assert_trees_equal, fast_compile, trees_differ  # noqa: F401
 from popjax import cli
 from popjax.checkpoint import Checkpointer
 from popjax.config import ConfigError, make_config
@@ -265,6 +265,7 @@ def test_runners_report_ended_on_truncation_and_termination():
                            "(allowed: independent, pbt"),
     (dict(driver="dvd"), "driver: the dvd driver trains from a replay buffer"),
     (dict(buffer="prioritized"), "buffer: the on-policy learner ppo keeps no replay buffer (allowed: uniform)"),
+    (dict(env="gym:CartPole-v1", overlap=True), "overlap: acting one update behind would hand the on-policy"),
     (dict(hparams={"clip": 0.0}), "hparams.clip: must lie in (0, 10], got 0.0"),
     (dict(hparams={"gae_lambda": 1.5}), "hparams.gae_lambda: must lie in [0, 1]"),
     (dict(learner_config={"epochs": 0}), "learner_config.epochs: must lie in [1, 1000]"),
