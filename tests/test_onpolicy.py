@@ -272,7 +272,7 @@ def test_runners_report_ended_on_truncation_and_termination():
 ])
 def test_bad_on_policy_configs_are_one_line_errors(options, message):
     with pytest.raises(ConfigError) as err:
-        make_config(learner="ppo", env="probe:cartpole", **options)
+        make_config(**{"learner": "ppo", "env": "probe:cartpole", **options})
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
