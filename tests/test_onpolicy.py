@@ -350,7 +350,9 @@ def test_gym_cartpole_and_a_continuous_env_run_end_to_end(tmp_path):
     run = popjax.train(learner="ppo", env="gym:CartPole-v1", pop_size=2, total_env_steps=256, rollout_len=32,
                        envs_per_member=2, eval_interval=128, eval_episodes=1, out_dir=tmp_path / "gym",
                        progress=False)
-    assert run.summary["env_steps"] == 256 and run.summary["updates"] == 4 * 16
+    # the rl-zoo preset fills what was not given: 20 epochs of one minibatch, lr 1e-3, ...
+    assert run.summary["env_steps"] == 256 and run.summary["updates"] == 4 * 20
+    assert run.summary["hparams"]["lr"] == [1e-3, 1e-3]
     run = popjax.train(learner="a2c", env="probe:pendulum", pop_size=2, total_env_steps=200, rollout_len=5,
                        envs_per_member=2, eval_interval=100, eval_episodes=1, out_dir=tmp_path / "pendulum",
                        progress=False)
