@@ -40,9 +40,10 @@ EQUAL = textwrap.dedent("""
             program = program or jax.jit(learner.update_chunk, **kwargs)
             placed, _ = program(keys, placed, batches, hp)
         mask = spo.replica_leaves(definition, config, spec)
-        diff = lambda a, b: float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+        diff = lambda x, y: max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+                                for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y)))
         out[mode] = {
-            "leaf_diff": max(diff(a, b) for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(placed))),
+            "leaf_diff": diff(state, placed),
             "targets_moved": diff(state.target_critic, start.target_critic) > 0,
             "split": sorted({(m, len(x.sharding.device_set), x.addressable_shards[0].data.shape[0] if m and x.ndim
                               else None) for m, x in zip(jax.tree.leaves(mask), jax.tree.leaves(placed))}),
