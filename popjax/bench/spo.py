@@ -83,7 +83,9 @@ class Options(opt.SittingOptions):
     hidden: tuple[int, ...] = opt.ints((256, 256), "hidden sizes of the actor and of each critic")
     repeats: int = opt.repeats()
     min_time: float = opt.min_time()
-    max_seconds: float = opt.max_seconds(60.0)
+    max_seconds: float = opt.number(60.0, "per-point budget: a program whose estimated time at a larger H (its time "
+                                    "per update at the previous H x H, warm-up and timed calls) exceeds it is "
+                                    "skipped and recorded as skipped")
 
     def check(self) -> None:
         for r in self.replicas:
@@ -378,4 +380,5 @@ def plot_spo(payload: dict[str, Any], path) -> Any:
     for ax in (left, right):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))  # room for the machine caption
     return common.save_figure(fig, path, payload["machine"])
