@@ -29,7 +29,7 @@ test-slow: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check popjax tests benchmarks experiments
 
-# The fast-PBT speed studies at sizes that fit a 2-core CPU in about 50 minutes (quiet machine: ~32 min of
+# The fast-PBT speed studies at sizes that fit a 2-core CPU in about 55 minutes (quiet machine: ~37 min of
 # measurement, ~8 min of waiting between studies, see below); each writes
 # benchmarks/results/<study>[_variant].json + .png, then RESULTS.md is regenerated from them and judged
 # against benchmarks/targets.yaml. Every study refuses to start when the 1-minute load average exceeds
@@ -62,6 +62,7 @@ bench: $(STAMP)
 	$(BENCH) shared_critic --pop 1,2,4,8,16 $(QUIET)
 	$(BENCH) drivers --devices 1,2 $(QUIET)
 	$(BENCH) per $(QUIET)
+	$(BENCH) spo $(QUIET)
 	$(BENCH) report
 
 clean:

@@ -493,7 +493,7 @@ def test_options_a_study_does_not_have_are_rejected(study, flag, capsys):
 
 
 @pytest.mark.parametrize("study", ["update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers",
-                                   "per", "report"])
+                                   "per", "spo", "report"])
 def test_every_option_of_a_study_has_a_flag_and_help(study, capsys):
     import dataclasses
 

@@ -19,6 +19,9 @@ Studies:
   ``--parallel`` paths (``popjax.bench.drivers``);
 - ``per``: samples/s and updates/s of the prioritized-replay sum tree vs K, N and B, a vmapped population
   of trees, and a NumPy searchsorted/cumsum oracle (``popjax.bench.per``);
+- ``spo``: SPO-TD3 time per local update vs replicas R (replica r on device r) and local steps H, the
+  data-parallel baseline and the single learner, with the terms and prediction of the thesis's scaling
+  model (Zhang 2022, Eq. 5.6) beside the measured scaling factor (``popjax.bench.spo``);
 - ``report``: regenerate ``benchmarks/RESULTS.md`` from the JSON results.
 
 ``--devices 1,2`` splits the population over 1 and then 2 devices (on a CPU, host devices
@@ -48,7 +51,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "report")
+STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "spo", "report")
 
 _HELP = {
     "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
@@ -59,6 +62,8 @@ _HELP = {
     "shared_critic": "shared-critic TD3 update vs N (popjax.bench.shared_critic)",
     "drivers": "time per training iteration of every driver on 1 and more devices (sharding and pmap)",
     "per": "prioritized-replay sum tree: sample and update throughput vs K, N, B, a vmapped population, NumPy",
+    "spo": "SPO-TD3 time per local update vs replicas R (one per device) and local steps H, beside the thesis's "
+           "scaling model (Eq. 5.6)",
     "report": "regenerate benchmarks/RESULTS.md from the JSON results",
 }
 

@@ -117,11 +117,10 @@ class BaseOptions:
 
 
 @dataclasses.dataclass(frozen=True)
-class StudyOptions(BaseOptions):
-    """Options every timed study has: devices, seed, output, plot, and the load discipline
+class SittingOptions(BaseOptions):
+    """Options every timed study has: seed, output, plot, and the load discipline
     (``popjax.bench.common.Sitting``)."""
 
-    devices: tuple[int, ...] = ints((1,), "device counts to split the population over, e.g. 1,2")
     seed: int = integer(0, "PRNG seed", ge=0)
     out_dir: str = text("benchmarks/results", "output directory (or a .json file path) for <study>.json and "
                         "<study>.png", flag="--out")
@@ -131,6 +130,13 @@ class StudyOptions(BaseOptions):
     wait_quiet: float = number(0.0, "seconds to wait for the 1-minute load average to fall to half the cores "
                                "before refusing (make bench: the previous study's own load takes about a minute "
                                "to decay)")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyOptions(SittingOptions):
+    """A timed study that splits its population over ``--devices`` (the ``spo`` study places replicas instead)."""
+
+    devices: tuple[int, ...] = ints((1,), "device counts to split the population over, e.g. 1,2")
 
 
 def flag_of(f: dataclasses.Field) -> str:

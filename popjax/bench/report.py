@@ -38,7 +38,7 @@ def main(options: Options) -> Path:
     return write_report(options.results, options.output, targets_path=options.targets)
 
 
-STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per")
+STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "spo")
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -598,6 +598,61 @@ def section_per(p: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ms(r: dict[str, Any] | None, field: str = "step_s") -> str:
+    """Milliseconds with the IQR, or why the point has none."""
+    if r is None:
+        return "—"
+    if "skipped" in r:
+        return "skipped"
+    iqr = r.get(field.removesuffix("_s") + "_iqr_s")
+    return f"{1e3 * r[field]:.3f}" + ("" if iqr is None else f" ({1e3 * iqr:.3f})")
+
+
+def section_spo(p: dict[str, Any]) -> list[str]:
+    prm = p["params"]
+    lines = _head("## spo — SPO-TD3 time per local update vs replicas R and local steps H (Zhang 2022, Eq. 5.6)",
+                  p, "spo")
+    lines += [f"SPO-TD3, obs {prm['obs_dim']}, action {prm['action_dim']}, hidden {tuple(prm['hidden'])}, global "
+              f"batch B = {prm['batch_size']} (each replica b = B/R), replica r on device r ({prm['device_count']} "
+              f"{prm['device_kind']} device(s); on a CPU forced host devices sharing its cores). One timed call = one "
+              "round (H local steps of critic and actor + the averagings); ms per update = round / H, median (IQR) "
+              f"of at least {prm.get('repeats', '?')} timed calls. `spo`: local SGD; `dp`: gradients all-reduced "
+              "every step; `single`: one learner at B on one device (T_total); `T^b`: one learner at b on one "
+              "device. SF measured = T_total / (R · T_SPO); Eq. 5.6 = 1 / (1 + (2 T_trans + T_avg) R / (T_total H)); "
+              "Eq. 5.5 = T_total / (R (T^b + (2 T_trans + T_avg) / H)). No target: the model is reported beside the "
+              "measurement, not judged.", ""]
+    rows = p["results"]
+    find = lambda kind, n, h: next((r for r in rows if r["kind"] == kind and r["replicas"] == n
+                                    and r["local_steps"] == h), None)
+    table = []
+    for r in sorted((r for r in rows if r["kind"] == "spo"), key=lambda r: (r["replicas"], r["local_steps"])):
+        n, h = r["replicas"], r["local_steps"]
+        dp = find("dp", n, h)
+        table.append([n, h, _ms(r), _ms(dp), _ms(find("single", 1, h)),
+                      _ms(find("sub", n, h) if n > 1 else find("single", 1, h)), _f(r.get("sf_measured"), 3),
+                      _f(r.get("sf_model"), 3), _f(r.get("sf_eq55"), 3), _f((dp or {}).get("sf_measured"), 3)])
+    lines += _table(["R", "H", "spo ms/update", "dp ms/update", "single (B) ms/update", "T^b ms/update", "SF measured",
+                     "SF Eq. 5.6", "SF Eq. 5.5 (measured T^b)", "dp SF measured"], table)
+    fits = {f["replicas"]: f for f in p.get("fits") or []}
+    terms = [[r["replicas"], _ms(r, "t_avg_s"), _ms(r, "t_trans_s"),
+              _f(1e3 * (2 * r["t_trans_s"] + r["t_avg_s"]), 3),
+              _f(fits[r["replicas"]]["round_overhead_s"] * 1e3, 3) if r["replicas"] in fits else "—",
+              _f(fits[r["replicas"]]["step_s"] * 1e3, 3) if r["replicas"] in fits else "—"]
+             for r in rows if r["kind"] == "terms"]
+    lines += ["The model's terms per R (ms; T_avg: one averaging of actor and critic params and Adam state over the R "
+              "devices, one jitted call; T_trans: one replica's weights from device 0 to device 1) and a least-squares "
+              "line round time = c + H s over the spo rows: c is the per-round overhead measured inside the round, "
+              "to set beside 2 T_trans + T_avg (popjax averages with an all-reduce, no weight server, so T_avg "
+              "already moves the data).", ""]
+    lines += _table(["R", "T_avg", "T_trans", "2 T_trans + T_avg", "fitted overhead c per round", "fitted s per step"],
+                    terms)
+    skipped = [r for r in rows if "skipped" in r]
+    if skipped:
+        lines += ["Skipped points: " + "; ".join(f"{r['kind']} R={r['replicas']} H={r['local_steps']} ({r['skipped']})"
+                                                  for r in skipped), ""]
+    return lines
+
+
 def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
            target_list: list[dict[str, Any]] | None = None, targets_source: str | None = None) -> str:
     lines = [REPORT_HEADING, "",
@@ -626,7 +681,7 @@ def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
         lines += [f"No targets judged: {targets_source} not found.", ""]
     sections = {"update": section_update, "roofline": section_roofline, "compile": section_compile,
                 "envstep": section_envstep, "train": section_train, "shared_critic": section_shared_critic,
-                "drivers": section_drivers, "per": section_per}
+                "drivers": section_drivers, "per": section_per, "spo": section_spo}
     for study in STUDY_ORDER:
         for payload in data.get(study, []):
             fn = sections.get(study)
