@@ -305,7 +305,8 @@ class Loop:
                 try:
                     state, env_state, metrics = self.step(state, env_state)
                 except InteractionFailed:
-                    if self.checkpointer is not None:  # the state of the last complete iteration
+                    # The state of the last complete iteration, unless its checkpoint was just written.
+                    if self.checkpointer is not None and self.checkpointer.steps()[-1:] != [self.iteration]:
                         self.save_checkpoint(state, env_state)
                     raise
                 env_steps = self._env_steps_after(state, before)
