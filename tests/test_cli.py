@@ -18,7 +18,7 @@ def run_cli(argv, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--learner", "ppo2"], "learner: 'ppo2' unknown (allowed: td3, sac, dqn, spo_dqn, spo_td3)"),
+        (["--learner", "ppo3"], "learner: 'ppo3' unknown (allowed: td3, sac, dqn, spo_dqn, spo_td3, ppo, a2c)"),
         (["--env", "gym:NoSuchEnv-v0"], "env:"),
         (["--env", "atari:Pong"], "prefix 'atari' unknown; allowed: gym, brax, probe"),
         (["--env", "brax:nope"], "allowed brax names"),
