@@ -19,6 +19,8 @@ Studies:
   ``--parallel`` paths (``popjax.bench.drivers``);
 - ``per``: samples/s and updates/s of the prioritized-replay sum tree vs K, N and B, a vmapped population
   of trees, and a NumPy searchsorted/cumsum oracle (``popjax.bench.per``);
+- ``hts``: env steps/s of the HTS-RL driver's threads vs the lock-step baseline under constant, exponential
+  and gamma step times, beside the runtime model (``popjax.bench.hts``);
 - ``report``: regenerate ``benchmarks/RESULTS.md`` from the JSON results.
 
 ``--devices 1,2`` splits the population over 1 and then 2 devices (on a CPU, host devices
@@ -48,7 +50,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "report")
+STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "hts", "report")
 
 _HELP = {
     "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
@@ -59,6 +61,7 @@ _HELP = {
     "shared_critic": "shared-critic TD3 update vs N (popjax.bench.shared_critic)",
     "drivers": "time per training iteration of every driver on 1 and more devices (sharding and pmap)",
     "per": "prioritized-replay sum tree: sample and update throughput vs K, N, B, a vmapped population, NumPy",
+    "hts": "HTS-RL env steps/s vs lock-step: step-time distributions, alpha, actor threads, beside the runtime model",
     "report": "regenerate benchmarks/RESULTS.md from the JSON results",
 }
 

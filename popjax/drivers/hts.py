@@ -390,18 +390,20 @@ class HtsInteraction(OwnInteraction):
         start = time.perf_counter()
         timing = {}
 
-        def learn():
+        def learn_on(state):
             begin = time.perf_counter()
             out = update(key_learn, state)
             jax.block_until_ready(out)  # "the learner exhausted the storage"
             timing["update_s"] = time.perf_counter() - begin
             return out
 
+        def learn():
+            return learn_on(state)
+
         if ex.lockstep:
             store, _ = ex.segment(index, acting)
             state = self._stage(compiler, state, store)
-            state, metrics = update(key_learn, state)
-            jax.block_until_ready(state)
+            state, metrics = learn_on(state)
         else:
             store, (state, metrics) = ex.segment(index, acting, learn)
             state = self._stage(compiler, state, store)  # the barrier: the next segment acts with this state
@@ -512,7 +514,7 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
             if mode == "shape":
                 got = _act_member(act_rows, keys[m][rows], member, obs[m][rows], acting.counters.env_steps < warmup)
             else:
-                k_ = jax.random.fold_in(key, int(time.perf_counter_ns()))
+                k_ = jax.random.fold_in(key, time.perf_counter_ns() % 2**31)
                 got = learner.act(k_, member[0], jnp.asarray(obs[m][rows]), member[1])
             out[m, rows] = np.asarray(got)
         return out
