@@ -75,7 +75,9 @@ def main() -> None:
     for learner in args.learners.split(","):
         reference = run(learner, 0, args.segments, args.alpha, 1, serial=True)
         results["runs"].append(reference)
-        same = lambda r: r["params"] == reference["params"] and r["segments"] == reference["segments"]  # noqa: E731
+        def same(r, reference=reference):
+            return r["params"] == reference["params"] and r["segments"] == reference["segments"]
+
         for actors in (1, 2, 3, 4):
             r = run(learner, 0, args.segments, args.alpha, actors)
             results["runs"].append(r)

@@ -275,7 +275,8 @@ def test_off_policy_dqn_threads_equal_serial(compiler):
 
 # --- options, failures, resume ----------------------------------------------------------------------
 @pytest.mark.parametrize("options, field", [({"alpha": 0}, "hts.alpha"), ({"executors": 1.5}, "hts.executors"),
-                                            ({"actors": 0}, "hts.actors"), ({"actors": 3, "executors": 2}, "hts.actors"),
+                                            ({"actors": 0}, "hts.actors"),
+                                            ({"actors": 3, "executors": 2}, "hts.actors"),
                                             ({"executors": 9}, "hts.executors"),
                                             ({"delayed_gradient": "ratio"}, "hts.delayed_gradient")])
 def test_bad_options(tmp_path, options, field):

@@ -172,7 +172,8 @@ def h2(ratio_rows: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         verdict[f"actors {actors}"] = {
             "exponential: measured >= 0.6 x predicted": all(r["measured"] >= 0.6 * r["predicted"] for r in exp),
-            "exponential: ratio grows with alpha": all(b["measured"] > a["measured"] for a, b in zip(exp, exp[1:])),
+            "exponential: ratio grows with alpha": all(b["measured"] > a["measured"]
+                                                       for a, b in zip(exp, exp[1:], strict=False)),
             "constant: ratio <= 2.2": all(r["measured"] <= 2.2 for r in const) if const else None}
     verdict["pass"] = bool(verdict) and all(v is not False for k, d in verdict.items() if k != "pass"
                                             for v in d.values())

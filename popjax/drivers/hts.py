@@ -46,8 +46,19 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from popjax.buffers import BufferState, make_uniform_buffer
 from popjax.config import ConfigError
-from popjax.drivers.base import (BuildContext, Counters, Driver, DriverDef, DriverHost, DriverOptions, Episodes,
-                                 InteractionFailed, OwnInteraction, run_config, train_unless)
+from popjax.drivers.base import (
+    BuildContext,
+    Counters,
+    Driver,
+    DriverDef,
+    DriverHost,
+    DriverOptions,
+    Episodes,
+    InteractionFailed,
+    OwnInteraction,
+    run_config,
+    train_unless,
+)
 from popjax.drivers.independent import random_actions
 from popjax.envs.gymnasium import SEED_STRIDE
 from popjax.learners.base import chunk_update
@@ -273,7 +284,8 @@ class Executors:
         valid = np.ones(shape, bool)
         for t in range(self.alpha):
             obs = self.obs.reshape(shape + self.spec.obs_shape)
-            actions = np.asarray(self.act(obs, np.full(shape, t, np.int32), valid)).reshape((total,) + self.spec.action_shape)
+            actions = np.asarray(self.act(obs, np.full(shape, t, np.int32), valid))
+            actions = actions.reshape((total,) + self.spec.action_shape)
             for g in range(total):
                 self._step_env(store, g, t, actions[g])
 
@@ -510,7 +522,7 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
         keys = row_keys(key, jnp.asarray(t))
         for m in np.flatnonzero(valid.any(axis=1)):
             rows = np.flatnonzero(valid[m])
-            member = jax.tree.map(lambda x: x[m], (acting.learner, acting.hparams))
+            member = jax.tree.map(lambda x, m=m: x[m], (acting.learner, acting.hparams))
             if mode == "shape":
                 got = _act_member(act_rows, keys[m][rows], member, obs[m][rows], acting.counters.env_steps < warmup)
             else:
