@@ -340,3 +340,22 @@ def test_cli_reports_failure(tmp_path, capsys):
         FailingToy.armed = False
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "simulated env crash" in err[0] and "last barrier" in err[0]
+
+
+# --- popjax bench hts ---------------------------------------------------------------------------------
+def test_bench_hts_tiny(tmp_path):
+    from popjax.bench import hts as bench_hts
+    from popjax.bench import report
+
+    payload = bench_hts.run(step_times=("constant", "exponential"), alpha=(2, 4), actors=(1,), executors=4,
+                            mean_ms=0.5, repeats=10, steps_per_point=8, real_update=False, allow_busy=True,
+                            out_dir=str(tmp_path), plot=True)
+    assert {(r["step_time"], r["alpha"], r["mode"]) for r in payload["results"]} == {
+        (k, a, m) for k in ("constant", "exponential") for a in (2, 4) for m in ("lockstep", "hts")}
+    for r in payload["results"]:
+        assert r["segments"] >= 10 and r["steps_per_s"] > 0 and r["predicted_steps_per_s"] > 0
+        lock, hts_ = hts_model.segment_times(4, r["alpha"], r["step_time"], 5e-4, r["learner_s"])
+        assert r["predicted_segment_s"] == (lock if r["mode"] == "lockstep" else hts_)
+    assert len(payload["ratios"]) == 4 and "pass" in payload["h2"]
+    assert (tmp_path / "hts.json").exists() and (tmp_path / "hts.png").exists()
+    assert "HTS / lock-step" in "\n".join(report.section_hts({**payload, "_file": "hts"}))

@@ -73,7 +73,9 @@ class HtsOptions(DriverOptions):
 
     alpha: Int(ge=1, le=1_000_000) = Field(
         16, description="sync interval: env steps per env between two barriers (= the unroll length)")
-    executors: Int(ge=1, le=4096) = Field(8, description="executor threads; they share the pop * envs_per_member envs")
+    executors: Int(ge=1, le=4096) | None = Field(
+        None, description="executor threads; they share the pop * envs_per_member envs",
+        json_schema_extra={"default": "one per env, at most 8"})
     actors: Int(ge=1, le=64) = Field(1, description="actor threads answering the executors (at most executors)")
     lockstep: Bool = Field(False, description="the synchronous baseline: a barrier every step, a blocking update")
     delayed_gradient: OneOf(DELAYED_GRADIENT) = Field(
@@ -86,7 +88,9 @@ class HtsOptions(DriverOptions):
     def _check(self, info: ValidationInfo):
         config = run_config(info)
         envs = config.pop_size * config.envs_per_member
-        if self.executors > envs:
+        if self.executors is None:
+            self.executors = min(8, envs)
+        elif self.executors > envs:
             raise problem(f"{self.executors} executors for {envs} envs (pop_size * envs_per_member); "
                           f"use at most {envs}", at=("executors",))
         if self.actors > self.executors:
@@ -323,7 +327,7 @@ class Executors:
         mine = list(range(e, self.members * self.envs, self.n_exec))
         while not self._stop.is_set():
             try:
-                store = self._jobs[e].get(timeout=0.05)
+                store = self._jobs[e].get(timeout=0.25)
             except queue.Empty:
                 continue
             try:
@@ -352,7 +356,7 @@ class Executors:
         shape = (self.members, self.envs)
         while not self._stop.is_set():
             try:
-                requests = [self._requests.get(timeout=0.05)]
+                requests = [self._requests.get(timeout=0.25)]
             except queue.Empty:
                 continue
             while True:  # everything available now: one forward pass for all of it
@@ -448,7 +452,7 @@ class HtsInteraction(OwnInteraction):
 
 
 class HtsHost(DriverHost):
-    """Adds the env snapshots of the last barrier to checkpoints and segment timings to the summary."""
+    """Adds the env snapshots of the last barrier to checkpoints."""
 
     def __init__(self, hparams, interaction: HtsInteraction):
         super().__init__(hparams)
@@ -460,15 +464,6 @@ class HtsHost(DriverHost):
     def load_state_dict(self, data) -> None:
         self.interaction.executors.restore_from = data.get("envs")
 
-    def summary(self, state) -> dict[str, Any]:
-        timings = self.interaction.timings
-        out = super().summary(state)
-        if timings:
-            out["hts_segment_s_mean"] = float(np.mean([t["segment_s"] for t in timings]))
-            updates = [t["update_s"] for t in timings if "update_s" in t]
-            if updates:
-                out["hts_update_s_mean"] = float(np.mean(updates))
-        return out
 
 
 def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], Any] | None = None) -> Driver:
