@@ -47,7 +47,7 @@ class Options(opt.StudyOptions):
     mean_ms: float = opt.number(2.0, "mean env step time in ms")
     learner_ms_per_step: float = opt.number(1.875, "emulated learner time per segment, in ms per alpha step")
     repeats: int = opt.repeats()
-    steps_per_point: int = opt.integer(256, "env steps per env per point at least (more segments for small alpha)")
+    steps_per_point: int = opt.integer(512, "env steps per env per point at least (more segments for small alpha)")
     real_update: bool = opt.switch(True, "skip the rows with the real jitted A2C update", flag="--no-real-update")
 
     def check(self) -> None:
