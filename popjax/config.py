@@ -195,6 +195,9 @@ def _check_run(config: RunConfig) -> None:
         allowed = ", ".join(name for name, d in DRIVERS.items() if d.on_policy)
         fail(f"the {c.driver} driver trains from a replay buffer, not the on-policy learner {c.learner} "
              f"(allowed: {allowed})", at=("driver",), nested=True)
+    if c.overlap and LEARNERS[c.learner].on_policy:  # learn never sees the snapshot that acted
+        fail(f"acting one update behind would hand the on-policy learner {c.learner} data of a policy its update "
+             "does not know (allowed: false)", at=("overlap",), nested=True)
     if c.buffer == "prioritized" and LEARNERS[c.learner].on_policy:
         fail(f"the on-policy learner {c.learner} keeps no replay buffer (allowed: uniform)", at=("buffer",),
              nested=True)

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from learner_helpers import SPECS, assert_trees_close, assert_trees_equal, fast_compile, trees_differ  # noqa: F401
 
 import popjax
-from learner_helpers import SPECS, assert_trees_close, assert_trees_equal, fast_compile, trees_differ  # noqa: F401
 from popjax import cli
 from popjax.checkpoint import Checkpointer
 from popjax.config import ConfigError, make_config
@@ -265,13 +265,14 @@ def test_runners_report_ended_on_truncation_and_termination():
                            "(allowed: independent, pbt"),
     (dict(driver="dvd"), "driver: the dvd driver trains from a replay buffer"),
     (dict(buffer="prioritized"), "buffer: the on-policy learner ppo keeps no replay buffer (allowed: uniform)"),
+    (dict(env="gym:CartPole-v1", overlap=True), "overlap: acting one update behind would hand the on-policy"),
     (dict(hparams={"clip": 0.0}), "hparams.clip: must lie in (0, 10], got 0.0"),
     (dict(hparams={"gae_lambda": 1.5}), "hparams.gae_lambda: must lie in [0, 1]"),
     (dict(learner_config={"epochs": 0}), "learner_config.epochs: must lie in [1, 1000]"),
 ])
 def test_bad_on_policy_configs_are_one_line_errors(options, message):
     with pytest.raises(ConfigError) as err:
-        make_config(learner="ppo", env="probe:cartpole", **options)
+        make_config(**{"learner": "ppo", "env": "probe:cartpole", **options})
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
@@ -349,7 +350,9 @@ def test_gym_cartpole_and_a_continuous_env_run_end_to_end(tmp_path):
     run = popjax.train(learner="ppo", env="gym:CartPole-v1", pop_size=2, total_env_steps=256, rollout_len=32,
                        envs_per_member=2, eval_interval=128, eval_episodes=1, out_dir=tmp_path / "gym",
                        progress=False)
-    assert run.summary["env_steps"] == 256 and run.summary["updates"] == 4 * 16
+    # the rl-zoo preset fills what was not given: 20 epochs of one minibatch, lr 1e-3, ...
+    assert run.summary["env_steps"] == 256 and run.summary["updates"] == 4 * 20
+    assert run.summary["hparams"]["lr"] == [1e-3, 1e-3]
     run = popjax.train(learner="a2c", env="probe:pendulum", pop_size=2, total_env_steps=200, rollout_len=5,
                        envs_per_member=2, eval_interval=100, eval_episodes=1, out_dir=tmp_path / "pendulum",
                        progress=False)

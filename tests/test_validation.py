@@ -127,7 +127,7 @@ CASES = [
     cli_case("--driver", "pbt", "--set", "pbt={quantile: 0.6}", field="pbt.quantile"),
     cli_case("--driver", "pbt", "--set", "pbt={intervall: 5}", field="pbt.intervall"),
     cli_case("--driver", "pbt", "--set", "pbt={interval: 5", field="pbt"),
-    cli_case("--driver", "pbt", "--set", "pbt={search_space: ppo}", field="pbt.search_space"),
+    cli_case("--driver", "pbt", "--set", "pbt={search_space: ppo3}", field="pbt.search_space"),
     cli_case("--driver", "pbt", "--set", "pbt={search_space: {actor_lr: {low: 0, high: 1e-3, log: true}}}",
              field="pbt.search_space.actor_lr.low"),
     cli_case("--driver", "pbt", "--set", "pbt={explore: mutate}", field="pbt.explore"),

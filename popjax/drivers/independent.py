@@ -157,7 +157,7 @@ def _trajectory(experience: Experience, rollout: Rollout) -> Trajectory:
 
 def _on_policy_population(ctx: BuildContext, state_cls, member_axes) -> Driver:
     """The independent population of an on-policy learner: no buffer, no warm-up, one ``update_rollout``."""
-    learner, spec, members, cfg = ctx.learner, ctx.spec, ctx.members, ctx.config
+    learner, members, cfg = ctx.learner, ctx.members, ctx.config
     rollout = Rollout(cfg.rollout_len, cfg.envs_per_member)
     _check_rollout_shape(ctx, rollout)
 
