@@ -53,9 +53,14 @@ class SleepyToyEnv(gym.Env):
         self._clock = random.Random()  # unseeded on purpose: timing only, never results
         self._seed, self._episode, self._t = 0, 0, 0
         self._obs = np.zeros(OBS_DIM, np.float32)
+        self._table_of, self._table = None, None
 
     def _noise(self) -> np.ndarray:
-        return np.random.default_rng([self._seed, self._episode, self._t]).normal(size=OBS_DIM).astype(np.float32)
+        if self._table_of != (self._seed, self._episode):  # one draw per episode: a step stays cheap
+            rng = np.random.default_rng([self._seed, self._episode])
+            self._table = rng.normal(size=(EPISODE_STEPS + 1, OBS_DIM)).astype(np.float32)
+            self._table_of = (self._seed, self._episode)
+        return self._table[min(self._t, EPISODE_STEPS)]
 
     def reset(self, *, seed: int | None = None, options=None):
         super().reset(seed=seed)
@@ -68,7 +73,9 @@ class SleepyToyEnv(gym.Env):
         return self._obs.copy(), {}
 
     def step(self, action):
-        time.sleep(sample_step_time(self._clock, self.step_time, self.mean_s, self.shape))
+        pause = sample_step_time(self._clock, self.step_time, self.mean_s, self.shape)
+        if pause > 0:
+            time.sleep(pause)
         a = int(action)
         self._t += 1
         self._obs = np.tanh(_MATRICES[a] @ self._obs + np.float32(0.1) * self._noise()).astype(np.float32)
