@@ -42,7 +42,7 @@ class Options(opt.StudyOptions):
     step_times: tuple[str, ...] = opt.names(("constant", "exponential", "gamma"), "step-time distributions",
                                             allowed=("constant", "exponential", "gamma"))
     alpha: tuple[int, ...] = opt.ints((4, 16, 64), "sync intervals alpha (steps per env between barriers)")
-    actors: tuple[int, ...] = opt.ints((1, 4), "actor thread counts")
+    actors: tuple[int, ...] = opt.ints((1, 2, 4), "actor thread counts")
     executors: int = opt.integer(8, "executor threads (one env each)")
     mean_ms: float = opt.number(2.0, "mean env step time in ms")
     learner_ms_per_step: float = opt.number(1.875, "emulated learner time per segment, in ms per alpha step")
