@@ -465,7 +465,6 @@ class HtsHost(DriverHost):
         self.interaction.executors.restore_from = data.get("envs")
 
 
-
 def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], Any] | None = None) -> Driver:
     cfg, spec, learner, members = ctx.config, ctx.spec, ctx.learner, ctx.members
     on_policy = learner.update_rollout is not None
