@@ -229,7 +229,7 @@ def plot_hts(payload: dict[str, Any], path) -> Any:
                         ax.plot(x, [r["predicted_steps_per_s"] for r in series], style, color="gray", alpha=0.6,
                                 label=f"{mode}, model")
         ax.set(xscale="log", xlabel="alpha", ylabel="env steps / s", title=f"{kind} step times")
-        ax.grid(True, alpha=0.3)
+        _alpha_ticks(ax, payload["params"]["alpha"])
     axes[0].legend(fontsize=7)
     ax = axes[-1]
     for i, kind in enumerate(kinds):
@@ -240,6 +240,12 @@ def plot_hts(payload: dict[str, Any], path) -> Any:
             ax.plot(x, [r["measured"] for r in series], "-o", color=f"C{i}", label=f"{kind}, measured")
             ax.plot(x, [r["predicted"] for r in series], ":", color=f"C{i}", label=f"{kind}, model")
     ax.set(xscale="log", xlabel="alpha", ylabel="HTS / lock-step steps/s", title=f"speed-up ({actors[0]} actor)")
-    ax.grid(True, alpha=0.3)
+    _alpha_ticks(ax, payload["params"]["alpha"])
     ax.legend(fontsize=7)
     return common.save_figure(fig, path, payload["machine"])
+
+
+def _alpha_ticks(ax, alphas) -> None:
+    ax.set_xticks(alphas, [str(a) for a in alphas])
+    ax.minorticks_off()
+    ax.grid(True, alpha=0.3)
