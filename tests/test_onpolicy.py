@@ -2,18 +2,23 @@
 (Liu et al. 2020, Eq. 6), the runners' ``ended``, config errors, PBT and exact resume, learning on CartPole."""
 
 import dataclasses
+import json
 import math
-import shutil
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from learner_helpers import SPECS, assert_trees_close, assert_trees_equal, fast_compile, trees_differ  # noqa: F401
+from test_resume import CHILD, ROOT, metric_rows, xla_cache
 
 import popjax
 from popjax import cli
-from popjax.checkpoint import Checkpointer
 from popjax.config import ConfigError, make_config
 from popjax.envs import registry
 from popjax.envs.base import make_vec_env
@@ -312,22 +317,37 @@ def test_pbt_with_ppo_exploits_without_recompiling():
     assert int(state.counters.updates) == 4 * 2 * 2 and int(state.counters.env_steps) == 4 * 64
 
 
-def test_pbt_ppo_run_resumes_bit_identically(tmp_path):
+@pytest.mark.filterwarnings("ignore:.*taking over the lock")
+def test_pbt_ppo_run_killed_mid_training_resumes_bit_identically(tmp_path):
+    """SIGKILL a PPO + PBT run past its first exploit, resume it: it equals the uninterrupted run."""
+    jax.config.update("jax_disable_most_optimizations", False)  # as in the child process
     full = popjax.train(out_dir=tmp_path / "full", **PBT_RUN)
     assert full.summary["updates"] == 1024 // 64 * 4 and len(full.summary["lineage"]) >= 1
     assert (full.out_dir / "plots" / "pbt_hparams.png").exists()
-    out = tmp_path / "cut"
-    shutil.copytree(full.out_dir, out)
-    (out / "summary.json").unlink()
-    ckpts = Checkpointer(out / "checkpoints")
-    for step in ckpts.steps()[-2:]:  # as if killed after the evaluation at 768 env steps, past an exploit
-        ckpts.delete(step)
-    ckpts.close()
+
+    out, script = tmp_path / "killed", tmp_path / "child.py"
+    script.write_text(CHILD.replace("time.sleep(0.05)", "time.sleep(0.3)"))  # slower: a short run
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with (tmp_path / "child.log").open("w") as log:
+        options = json.dumps({**PBT_RUN, "checkpoint_interval": 64})  # a checkpoint every iteration
+        child = subprocess.Popen([sys.executable, str(script), str(out), options, xla_cache()], env=env, stdout=log,
+                                 stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and child.poll() is None:
+            steps = [int(p.name) for p in (out / "checkpoints").glob("*") if p.name.isdigit()]
+            if steps and max(steps) >= 9:  # past the exploit at 512 env steps (iteration 8)
+                break
+            time.sleep(0.02)
+        assert child.poll() is None, (tmp_path / "child.log").read_text()[-2000:]
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait() == -signal.SIGKILL
+    assert not (out / "summary.json").exists()
+
     run = popjax.experiment.resume(out)
     for field in ("final_returns", "best_return", "env_steps", "updates", "hparams", "lineage"):
         assert run.summary[field] == full.summary[field], field
     assert_trees_equal(run.state, full.state)
-    assert (out / "metrics.csv").read_text().count("\n") == (full.out_dir / "metrics.csv").read_text().count("\n")
+    assert metric_rows(out) == metric_rows(full.out_dir)
 
 
 # --- learning ------------------------------------------------------------------------------------
