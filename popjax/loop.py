@@ -7,7 +7,8 @@ exact resume. It knows drivers only through the ``Driver`` contract and imports 
 Per iteration it runs the driver's stages (see ``popjax.drivers.base``): on the JAX env path
 prepare, the env interaction and learn are one compiled call; on the host path prepare and
 learn are compiled and the gymnasium envs are stepped between them, each action from one
-compiled population call. After an iteration that crossed a multiple of ``eval_interval``
+compiled population call. A driver whose interaction is an ``OwnInteraction`` (HTS-RL's threads) runs
+the iteration itself through ``iterate``. After an iteration that crossed a multiple of ``eval_interval``
 env steps per member (or reached the end) it evaluates, runs ``after_eval`` and the host
 records, and logs; checkpoints follow evaluations and ``checkpoint_interval``.
 
