@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(BENCH) drivers --devices 1,2 $(QUIET)
 	$(BENCH) per $(QUIET)
 	$(BENCH) spo $(QUIET)
+	$(BENCH) hts $(QUIET)
 	$(BENCH) report
 
 clean:

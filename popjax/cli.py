@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from popjax.config import ConfigError
+from popjax.drivers.base import InteractionFailed
 
 # CLI flag -> RunConfig field (the other fields are set with --set or in the --config file).
 _FLAGS = {
@@ -309,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"popjax: error: {err}", file=sys.stderr)
         return 2
+    except InteractionFailed as err:  # an env raised or hung: the run stopped with a checkpoint
+        print(f"popjax: error: {err}", file=sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError) as err:
         if args.command in ("plot", "resume"):  # bad run directory
             print(f"popjax: error: {err}", file=sys.stderr)

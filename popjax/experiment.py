@@ -15,7 +15,7 @@ from popjax import distributed
 from popjax.checkpoint import Checkpointer, CheckpointMismatch
 from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config
 from popjax.drivers import DRIVERS
-from popjax.drivers.base import BuildContext, Rollout
+from popjax.drivers.base import BuildContext, OwnInteraction, Rollout
 from popjax.envs import registry
 from popjax.envs.base import make_vec_env
 from popjax.envs.runner import HostRunner, JaxRunner
@@ -280,6 +280,8 @@ def _finish(loop: Loop, state, env_state) -> Run:
         if loop.run_dir.writes:
             plot_run(loop.run_dir.path)
     finally:
+        if isinstance(loop.driver.interaction, OwnInteraction):  # its threads and envs
+            loop.driver.interaction.close()
         if not loop.runner.jax_path:
             loop.runner.close()
     return Run(loop.run_dir.path, summary, state)

@@ -7,7 +7,8 @@ exact resume. It knows drivers only through the ``Driver`` contract and imports 
 Per iteration it runs the driver's stages (see ``popjax.drivers.base``): on the JAX env path
 prepare, the env interaction and learn are one compiled call; on the host path prepare and
 learn are compiled and the gymnasium envs are stepped between them, each action from one
-compiled population call. After an iteration that crossed a multiple of ``eval_interval``
+compiled population call. A driver whose interaction is an ``OwnInteraction`` (HTS-RL's threads) runs
+the iteration itself through ``iterate``. After an iteration that crossed a multiple of ``eval_interval``
 env steps per member (or reached the end) it evaluates, runs ``after_eval`` and the host
 records, and logs; checkpoints follow evaluations and ``checkpoint_interval``.
 
@@ -30,7 +31,7 @@ import numpy as np
 
 from popjax.config import RunConfig
 from popjax.distributed import fetch, gather_rows, is_writer, processes
-from popjax.drivers.base import Driver, Episodes, Rollout
+from popjax.drivers.base import Driver, Episodes, InteractionFailed, OwnInteraction, Rollout
 from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
 from popjax.rundir import RunDir
@@ -186,7 +187,9 @@ class Loop:
         """One iteration; returns ``(state, env_state, metrics)`` (metrics as numpy ``[pop]``)."""
         keys = (self.key(KeyPurpose.PREPARE), self.key(KeyPurpose.COLLECT), self.key(KeyPurpose.LEARN))
         axes = self.axes
-        if self.runner.jax_path:
+        if isinstance(self.local.interaction, OwnInteraction):
+            state, metrics = self.local.interaction.iterate(self.compiler, keys, state)
+        elif self.runner.jax_path:
             program = self.placement.program(self._jax_iteration, (False, False, False, axes, True), (axes, True, True))
             env_shardings = jax.tree.map(lambda x: x.sharding, env_state)
             iteration = self.compiler("iteration", program, *keys, state, env_state, donate=(3, 4),
@@ -300,7 +303,13 @@ class Loop:
             while env_steps < cfg.total_env_steps:
                 start, compile_before = time.perf_counter(), self.compiler.compile_s
                 before = env_steps
-                state, env_state, metrics = self.step(state, env_state)
+                try:
+                    state, env_state, metrics = self.step(state, env_state)
+                except InteractionFailed:
+                    # The state of the last complete iteration, unless its checkpoint was just written.
+                    if self.checkpointer is not None and self.checkpointer.steps()[-1:] != [self.iteration]:
+                        self.save_checkpoint(state, env_state)
+                    raise
                 env_steps = self._env_steps_after(state, before)
                 returns = None
                 evaluated = crossed(before, env_steps, cfg.eval_interval) or env_steps >= cfg.total_env_steps

@@ -32,7 +32,8 @@ SCRIPT = textwrap.dedent("""
     OVERRIDES = {"pbt": {"pbt": {"interval": 100, "quantile": 0.25}},
                  "cemrl": {"total_env_steps": 400, "eval_interval": 200, "buffer_size": 2000, "update_ratio": 0.125,
                            "cemrl": {"updates_per_call": 25}},
-                 "dvd": {"dvd": {"weight_source": "bandit", "bandit_random": 1}}}
+                 "dvd": {"dvd": {"weight_source": "bandit", "bandit_random": 1}},
+                 "hts": {"learner": "dqn", "env": "gym:popjax/HtsToy-v0", "hts": {"alpha": 25, "executors": 4}}}
 
     def compare(ref, run):
         def rel(a, b):

@@ -338,7 +338,7 @@ def test_train_help_shows_meaning_default_and_allowed_values_of_every_option(cap
     flat = " ".join(text.split())
     for phrase in ("members in the population (default: 4; allowed: an integer in [1, 65536])",
                    "(default: td3; allowed: one of td3, sac, dqn, spo_dqn, spo_td3, ppo, a2c)",
-                   "(default: independent; allowed: one of independent, pbt, cemrl, dvd)",
+                   "(default: independent; allowed: one of independent, pbt, cemrl, dvd, hts)",
                    "gym:<id> (HalfCheetah-v5", "brax:<name>[@backend]", "probe:<name> (pendulum",
                    "quantile fraction replaced at the bottom", "(default: 0.3; allowed: a number in (0, 0.5])",
                    "policy_delay critic steps per actor and target step (int32) (default: 2; allowed: an integer",

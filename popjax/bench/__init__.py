@@ -22,6 +22,8 @@ Studies:
 - ``spo``: SPO-TD3 time per local update vs replicas R (replica r on device r) and local steps H, the
   data-parallel baseline and the single learner, with the terms and prediction of the thesis's scaling
   model (Zhang 2022, Eq. 5.6) beside the measured scaling factor (``popjax.bench.spo``);
+- ``hts``: env steps/s of the HTS-RL driver's threads vs the lock-step baseline under constant, exponential
+  and gamma step times, beside the runtime model (``popjax.bench.hts``);
 - ``report``: regenerate ``benchmarks/RESULTS.md`` from the JSON results.
 
 ``--devices 1,2`` splits the population over 1 and then 2 devices (on a CPU, host devices
@@ -51,7 +53,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "spo", "report")
+STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "spo", "hts",
+           "report")
 
 _HELP = {
     "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
@@ -64,6 +67,7 @@ _HELP = {
     "per": "prioritized-replay sum tree: sample and update throughput vs K, N, B, a vmapped population, NumPy",
     "spo": "SPO-TD3 time per local update vs replicas R (one per device) and local steps H, beside the thesis's "
            "scaling model (Eq. 5.6)",
+    "hts": "HTS-RL env steps/s vs lock-step: step-time distributions, alpha, actor threads, beside the runtime model",
     "report": "regenerate benchmarks/RESULTS.md from the JSON results",
 }
 

@@ -38,7 +38,8 @@ def main(options: Options) -> Path:
     return write_report(options.results, options.output, targets_path=options.targets)
 
 
-STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "spo")
+STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "spo",
+               "hts")
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -653,6 +654,27 @@ def section_spo(p: dict[str, Any]) -> list[str]:
     return lines
 
 
+def section_hts(p: dict[str, Any]) -> list[str]:
+    prm = p["params"]
+    lines = _head("## hts — HTS-RL vs lock-step env steps/s (Liu et al. 2020, Claim 1 and Fig. 4)", p, "hts")
+    lines += [f"{prm['executors']} executor threads (one toy env each), step times of mean {prm['mean_ms']} ms "
+              f"(constant, exponential, gamma shape {prm.get('gamma_shape', 2)}) from an unseeded source; the learner "
+              f"is a sleep of {prm['learner_ms_per_step']} ms x alpha per segment (rows 'a2c': the real driver with a "
+              "jitted A2C update). Lock-step: a barrier every step and a blocking update; HTS: one barrier per "
+              "segment, the update overlapped. Env steps/s from the median segment time (IQR in the JSON); model: "
+              "lock-step `alpha E[max_n X] + L`, HTS `max(E[max_n Gamma(alpha)], L)`.", ""]
+    table = [[r["step_time"], r["alpha"], r["actors"], r["learner"], f"{r['measured']:.2f}×", f"{r['predicted']:.2f}×",
+              _f(r["measured"] / r["predicted"], 2)] for r in p.get("ratios", [])]
+    lines += _table(["step time", "alpha", "actors", "learner", "HTS / lock-step", "model", "measured / model"], table)
+    verdict = p.get("h2") or {}
+    if verdict:
+        lines += ["H2 (exponential: measured >= 0.6 x model and growing with alpha; constant: <= 2.2x): "
+                  + ("**pass**" if verdict.get("pass") else "**fail**") + " — "
+                  + "; ".join(f"{k}: " + ", ".join(f"{name} {v}" for name, v in d.items())
+                              for k, d in verdict.items() if k != "pass"), ""]
+    return lines
+
+
 def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
            target_list: list[dict[str, Any]] | None = None, targets_source: str | None = None) -> str:
     lines = [REPORT_HEADING, "",
@@ -681,7 +703,7 @@ def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
         lines += [f"No targets judged: {targets_source} not found.", ""]
     sections = {"update": section_update, "roofline": section_roofline, "compile": section_compile,
                 "envstep": section_envstep, "train": section_train, "shared_critic": section_shared_critic,
-                "drivers": section_drivers, "per": section_per, "spo": section_spo}
+                "drivers": section_drivers, "per": section_per, "spo": section_spo, "hts": section_hts}
     for study in STUDY_ORDER:
         for payload in data.get(study, []):
             fn = sections.get(study)

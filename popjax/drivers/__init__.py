@@ -3,7 +3,7 @@
 A new driver is one module with a ``DEFINITION`` and one line here.
 """
 
-from popjax.drivers import cemrl, dvd, independent, pbt
+from popjax.drivers import cemrl, dvd, hts, independent, pbt
 from popjax.drivers.base import DriverDef
 
 DRIVERS: dict[str, DriverDef] = {d.name: d for d in (
@@ -11,6 +11,7 @@ DRIVERS: dict[str, DriverDef] = {d.name: d for d in (
     pbt.DEFINITION,
     cemrl.DEFINITION,
     dvd.DEFINITION,
+    hts.DEFINITION,
 )}
 
 

@@ -86,6 +86,32 @@ class Episodes:
     actors: int | None = None
 
 
+class OwnInteraction:
+    """Interaction a driver brings itself, when stepping envs between ``prepare`` and ``learn`` does not fit
+    (HTS-RL: executor and actor threads with their own env replicas, learning while they step).
+
+    The loop calls ``iterate`` instead of prepare/interaction/learn; it stays the loop's iteration: keys,
+    evaluation, checkpoints and resume are the loop's. Evaluation still uses the loop's runner.
+    ``iterate`` returns at a point where a checkpoint of the returned state is complete (the driver's
+    host ``state_dict`` holds what lives outside the state, e.g. env snapshots). A failure of the
+    interaction raises ``InteractionFailed``; the loop then checkpoints the state it passed in.
+    """
+
+    steps_per_member: int  # env steps per member per iteration
+
+    def iterate(self, compiler, keys: tuple[Key, Key, Key], state) -> tuple[Any, Metrics]:
+        """One iteration: ``keys`` = (prepare, collect, learn) keys of the loop's iteration; ``compiler``
+        = the loop's ``Compiler`` (``compiler(name, fn, *args)`` -> compiled program)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stops whatever the interaction started (threads, envs)."""
+
+
+class InteractionFailed(RuntimeError):
+    """An ``OwnInteraction`` could not finish its iteration (an env raised or hung)."""
+
+
 class DriverHost:
     """The host-side part of a driver: what cannot be traced, and what gets logged.
 
@@ -126,7 +152,8 @@ class Driver(NamedTuple):
 
     Attributes:
       init: ``key -> state``; the state has a ``counters: Counters`` field.
-      interaction: ``Rollout`` or ``Episodes``: what the iteration does in the envs.
+      interaction: ``Rollout`` or ``Episodes``: what the iteration does in the envs; or an
+        ``OwnInteraction`` that runs the whole iteration itself (``act``/``learn`` are then unused).
       act: ``(key, state, obs [actors, envs, ...]) -> actions`` while interacting.
       learn: ``(key, state, experience) -> (state, metrics)``; advances ``counters``.
       evaluation: ``Episodes``: how the policies are evaluated.
@@ -140,7 +167,7 @@ class Driver(NamedTuple):
     """
 
     init: Callable[[Key], Any]
-    interaction: Rollout | Episodes
+    interaction: Rollout | Episodes | OwnInteraction
     act: Callable[[Key, Any, jax.Array], jax.Array]
     learn: Callable[[Key, Any, Any], tuple[Any, Metrics]]
     evaluation: Episodes

@@ -62,6 +62,8 @@ def make_env(env_id: str) -> gym.Env:
 
     gymnasium's own message names the extra to install (e.g. ``pip install "gymnasium[box2d]"``).
     """
+    import popjax.envs.toy  # noqa: F401  (registers popjax's own toy ids)
+
     try:
         return gym.make(env_id)
     except gym.error.DependencyNotInstalled as err:

@@ -25,13 +25,15 @@ if TYPE_CHECKING:
 
 PREFIXES = ("gym", "brax", "probe")
 GYM_IDS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5", "Pendulum-v1",
-           "CartPole-v1")
+           "CartPole-v1", "popjax/HtsToy-v0", "popjax/HtsToySleep-v0")
 BRAX_NAMES = ("halfcheetah", "hopper", "walker2d", "ant", "humanoid", "inverted_pendulum",
               "inverted_double_pendulum", "reacher", "pusher")
 
 
 def _gym_registered(env_id: str) -> bool:
     import gymnasium
+
+    import popjax.envs.toy  # noqa: F401  (registers popjax's own toy ids)
 
     return env_id in gymnasium.registry
 
