@@ -17,7 +17,7 @@ COMMANDS = [shlex.split(line.split("  #")[0]) for line in re.search(r"```bash\n(
 # Appended to every `train`: tiny networks and budgets; everything else is the README's.
 TINY = {"total_env_steps": 300, "warmup_steps": 100, "rollout_len": 25, "eval_interval": 300,
         "eval_episodes": 1, "batch_size": 16, "buffer_size": 1000}
-TINY_FLAGS = ["--steps", "300", "--warmup", "100", "--rollout-len", "25", "--eval-interval", "300",
+TINY_FLAGS = ["--steps", "300", "--warmup", "100", "--rollout-len", "20", "--eval-interval", "300",
               "--eval-episodes", "1", "--batch-size", "16", "--buffer-size", "1000",
               "--learner-config", "hidden=[8, 8]", "--no-progress"]
 # --allow-busy: the test may run beside others (the result is stamped busy instead of refused).
@@ -26,7 +26,7 @@ TINY_BENCH = ["--hidden", "8,8", "--batch-size", "8", "--k", "2", "--repeats", "
 
 
 def test_the_quickstart_has_the_commands_this_test_runs():
-    assert [c[:2] for c in COMMANDS] == [["popjax", "train"]] * 4 + [["popjax", "resume"], ["popjax", "plot"],
+    assert [c[:2] for c in COMMANDS] == [["popjax", "train"]] * 6 + [["popjax", "resume"], ["popjax", "plot"],
                                                                       ["popjax", "bench"]]
     assert "popjax.train(" in PYTHON
 
@@ -58,7 +58,7 @@ def test_the_cli_examples_run_in_order(tmp_path, monkeypatch, capsys):
         assert code == 0, (command, capsys.readouterr().err[-2000:])
     runs = tmp_path / "runs"
     assert {p.name for p in runs.iterdir()} == {"td3-pendulum", "td3-probe_pendulum", "dqn-gym_CartPole-v1",
-                                                "dqn-bare"}
+                                                "dqn-bare", "ppo-cartpole", "ppo-gym_CartPole-v1"}
     assert all((p / "summary.json").exists() for p in runs.iterdir())
     assert (tmp_path / "bench" / "update.json").exists()
     assert "dueling: true" in (runs / "dqn-gym_CartPole-v1" / "config.yaml").read_text()
