@@ -28,7 +28,17 @@ from flax import struct
 
 from popjax.buffers import BufferState, make_prioritized_buffer, make_uniform_buffer, per_hyperparams
 from popjax.config import ConfigError
-from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, Episodes, Rollout, train_unless
+from popjax.drivers.base import (
+    BuildContext,
+    Counters,
+    Driver,
+    DriverDef,
+    DriverHost,
+    Episodes,
+    Maintenance,
+    Rollout,
+    train_unless,
+)
 from popjax.envs.runner import Experience
 from popjax.learners.base import chunk_update
 from popjax.types import EnvSpec, Key, dummy_transition
@@ -132,12 +142,23 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
         counters = state.counters.advance(rollout.steps_per_member, jnp.where(warm, 0, k))
         return state.replace(learner=learner_state, counters=counters), metrics
 
+    def maintain(key: Key, state):
+        """The learner's ``maintain`` for every member on a fresh batch (after warm-up: the updates counted)."""
+        sample_key, update_key = jax.random.split(key)
+        batches = v_sample(members.keys(sample_key), state.buffer)
+        if prioritized:
+            batches = batches[0]
+        learner_state, metrics = jax.vmap(learner.maintain)(members.keys(update_key), state.learner, batches,
+                                                            state.hparams)
+        return state.replace(learner=learner_state), metrics
+
     def policy(state, obs: jax.Array) -> jax.Array:
         return jax.vmap(learner.policy)(state.learner, obs)
 
+    maintenance = Maintenance(learner.maintain_every, maintain) if learner.maintain is not None else None
     return Driver(init=init, interaction=rollout, act=act, learn=learn, evaluation=Episodes(cfg.eval_episodes),
                   policy=policy, member_axes=member_axes, host=DriverHost(lambda state: state.hparams),
-                  acting_view=lambda state: state.replace(buffer=None))
+                  acting_view=lambda state: state.replace(buffer=None), maintenance=maintenance)
 
 
 DEFINITION = DriverDef(name="independent", build=lambda ctx, options: make_population(ctx), prioritized_replay=True)

@@ -48,6 +48,10 @@ class Learner(NamedTuple):
     under a one-step lag (HTS-RL), where the learner corrects for the lag (A2C: the gradient at the
     behaviour parameters applied to the current ones; PPO: old log-probabilities from ``behaviour``).
     Such a learner keeps no replay buffer; its ``LearnerDef.on_policy`` is True.
+
+    Optional, for rare state changes outside the K-step scan (RLx2's topology steps): ``maintain(key, state,
+    batch, hparams) -> (state, metrics)``, which drivers run as their own compiled call (``Maintenance``) every
+    ``maintain_every`` updates, on a freshly sampled batch.
     """
 
     init: Callable[[Key, Any], Any]
@@ -58,6 +62,8 @@ class Learner(NamedTuple):
     update_chunk: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
     update_weighted: Callable[[Key, Any, Transition, jax.Array, Any], tuple[Any, Metrics, jax.Array]] | None = None
     update_rollout: Callable[[Key, Any, Any, Any, Any], tuple[Any, Metrics]] | None = None
+    maintain: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
+    maintain_every: int = 0
 
 
 def chunk_update(learner: Learner) -> Callable:

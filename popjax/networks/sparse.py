@@ -118,6 +118,13 @@ def random_masks(key: Key, params: PyTree, counts: jax.Array) -> PyTree:
                        full_masks(params))
 
 
+def uniform_like(key: Key, tree: PyTree) -> PyTree:
+    """Independent U(0, 1) draws shaped like every leaf of ``tree`` (SET's random grow scores)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    keys = jax.random.split(key, max(1, len(leaves)))
+    return treedef.unflatten([jax.random.uniform(k, jnp.shape(x)) for k, x in zip(keys, leaves, strict=False)])
+
+
 def apply_masks(params: PyTree, masks: PyTree) -> PyTree:
     """``params`` with masked-out weights set to exactly 0."""
     return jax.tree.map(lambda p, m: jnp.where(m, p, jnp.zeros_like(p)), params, masks)

@@ -1,0 +1,225 @@
+"""RLx2 (Tan et al., ICLR 2023): TD3 trained sparse from scratch, with per-member masks under vmap.
+
+Every weight matrix of the actor and of both Q-nets has a bool mask in the state (biases stay dense). Weights
+are stored already zeroed where masked and the forward uses them as they are, so the dense gradient ``dL/dW``
+exists on inactive links for growing; the optimizer sees only the masked gradient, the weights are re-masked
+after each Adam step (Adam's moments of inactive links decay under zero gradients, as in the released code), and
+the targets are re-masked after every Polyak average.
+
+Per-layer sparsities follow the Erdos-Renyi allocation of each network's sparsity (the two Q-nets are allocated
+jointly); the sparsities and the drop fraction are per-member hyperparameters, so a sweep or PBT may give members
+different ones. Masks start as the largest ``|w|`` of the fresh dense init (the released code; ``init_mask:
+random`` keeps a uniformly random support).
+
+Topology evolution (RigL) is the learner's ``maintain``: the drivers run it as its own compiled call every
+``dst_interval`` critic updates, never inside the K-step scan. It takes a fresh batch, drops the smallest active
+``|w|`` and grows the largest dense ``|dL/dW|`` (``topology: set`` grows at random, ``static`` never evolves)
+with the cosine-annealed fraction, and takes no optimizer step. The critic evolves at every call, the actor every
+``policy_delay``-th call (its counter counts actor updates), neither after ``dst_end``. A member whose sparsity
+hyperparameter changed (PBT explore) gets magnitude masks of its new sizes at that call instead.
+
+popjax deviations, documented: the topology step is an extra iteration after the ``dst_interval``-th update
+rather than replacing that update's optimizer step, and it masks the targets with the new masks at once; the dense baseline is the ``td3`` learner (and "Tiny" is
+``td3`` with ``tiny_hidden`` units).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from pydantic import Field
+
+from popjax import schema
+from popjax.config import ConfigError
+from popjax.learners import td3
+from popjax.learners.base import Learner, LearnerDef, adam_step, scalar
+from popjax.networks import sparse
+from popjax.population.hparams import hparam
+from popjax.types import EnvSpec, Key, PyTree, Transition
+
+
+# --- config and hyperparameters ------------------------------------------------------------------
+@schema.dataclass
+class RLx2TD3Config(td3.TD3Config):
+    topology: schema.OneOf(("rigl", "set", "static")) = Field(
+        "rigl", description="rigl: grow by dense |gradient|; set: grow at random; static: masks never change")
+    dst_interval: schema.Int(ge=1, le=100_000_000) = Field(
+        10_000, description="critic updates between two topology steps (the paper's 1e4; rescale with the run)")
+    dst_end: schema.Int(ge=1, le=2_000_000_000) | None = Field(
+        None, description="updates after which the topology stops evolving (default: the run's training updates)")
+    forbid_regrow: schema.Bool = Field(False, description="never regrow a link in the step that dropped it (the "
+                                                          "paper's Alg. 2; the released code allows it)")
+    init_mask: schema.OneOf(("magnitude", "random")) = Field(
+        "magnitude", description="initial support: largest |w| of the dense init (released code) or random")
+    total_env_steps: schema.Int(ge=1) = Field(20_000, description="the run's total_env_steps")
+    warmup_steps: schema.Int(ge=0) = Field(0, description="the run's warmup_steps")
+    update_ratio: schema.Float(gt=0) = Field(1.0, description="the run's update_ratio")
+
+    @property
+    def evolution_end(self) -> int:
+        """``dst_end``, or the run's training updates (the paper: the whole run after warm-up)."""
+        if self.dst_end is not None:
+            return self.dst_end
+        return max(1, math.floor((self.total_env_steps - self.warmup_steps) * self.update_ratio))
+
+
+@struct.dataclass
+class RLx2TD3HParams(td3.TD3HParams):
+    actor_sparsity: jax.Array = hparam("fraction of the actor's weights that is masked", ge=0, lt=1)
+    critic_sparsity: jax.Array = hparam("fraction of the critic's (both Q-nets') weights that is masked", ge=0, lt=1)
+    drop_fraction: jax.Array = hparam("initial drop fraction zeta0 of a topology step (cosine-annealed)", gt=0, lt=1)
+
+
+def default_hparams(config: RLx2TD3Config | None = None) -> RLx2TD3HParams:
+    """TD3's defaults, 90 % sparse actor and critic, zeta0 = 0.5 (the released code's)."""
+    base = td3.default_hparams()
+    return RLx2TD3HParams(**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                          actor_sparsity=scalar(0.9), critic_sparsity=scalar(0.9), drop_fraction=scalar(0.5))
+
+
+@struct.dataclass
+class RLx2TD3State:
+    td3: td3.TD3State  # weights already zeroed where masked
+    actor_mask: PyTree  # bool, shaped like the actor params (biases all True)
+    critic_mask: PyTree
+
+
+# --- masks ----------------------------------------------------------------------------------------
+def layer_counts(params: PyTree, sparsity) -> jax.Array:
+    """Active weights per kernel of ``params`` under the ER allocation of ``sparsity``."""
+    shapes = sparse.kernel_shapes(params)
+    return sparse.kept_counts(shapes, sparse.er_densities(shapes, sparsity))
+
+
+def initial_masks(key: Key, params: PyTree, sparsity, init_mask: str) -> PyTree:
+    counts = layer_counts(params, sparsity)
+    if init_mask == "random":
+        return sparse.random_masks(key, params, counts)
+    return sparse.magnitude_masks(params, counts)
+
+
+def masked(step, mask: PyTree):
+    """An optimizer step that sees only the masked gradient and leaves the weights masked."""
+
+    def run(params, grads, opt_state, lr):
+        params, opt_state = step(params, sparse.apply_masks(grads, mask), opt_state, lr)
+        return sparse.apply_masks(params, mask), opt_state
+
+    return run
+
+
+def masked_steps(state: RLx2TD3State) -> td3.TD3Steps:
+    return td3.TD3Steps(critic=masked(adam_step, state.critic_mask), actor=masked(adam_step, state.actor_mask),
+                        critic_targets=lambda t: sparse.apply_masks(t, state.critic_mask),
+                        actor_targets=lambda t: sparse.apply_masks(t, state.actor_mask))
+
+
+def tiny_hidden(obs_dim: int, action_dim: int, layers: int, sparsity: float) -> int:
+    """Width of a dense actor with ``layers`` hidden layers holding as many weights as a ``sparsity`` sparse
+    256-wide one (the paper's "Tiny" baseline)."""
+    target = (1 - sparsity) * sparse.model_size(_mlp_shapes(obs_dim, action_dim, layers, 256), [1.0] * (layers + 1))
+    width = 1
+    while sparse.model_size(_mlp_shapes(obs_dim, action_dim, layers, width + 1), [1.0] * (layers + 1)) <= target:
+        width += 1
+    return width
+
+
+def _mlp_shapes(inputs: int, outputs: int, layers: int, width: int) -> list[tuple[int, int]]:
+    return [(inputs, width)] + [(width, width)] * (layers - 1) + [(width, outputs)]
+
+
+# --- the learner ----------------------------------------------------------------------------------
+def make_rlx2_td3(config: RLx2TD3Config, spec: EnvSpec) -> Learner:
+    core = td3.td3_core(config, spec)
+    actor_net, critic_net = core.actor_net, core.critic_net
+
+    def init(key: Key, hp: RLx2TD3HParams) -> RLx2TD3State:
+        key_net, key_actor, key_critic = jax.random.split(key, 3)
+        state = core.init(key_net, hp)
+        actor_mask = initial_masks(key_actor, state.actor, hp.actor_sparsity, config.init_mask)
+        critic_mask = initial_masks(key_critic, state.critic, hp.critic_sparsity, config.init_mask)
+        actor = sparse.apply_masks(state.actor, actor_mask)
+        critic = sparse.apply_masks(state.critic, critic_mask)
+        # Targets start from the masked online networks (the released code copies them before masking).
+        state = state.replace(actor=actor, critic=critic, target_actor=actor, target_critic=critic)
+        return RLx2TD3State(td3=state, actor_mask=actor_mask, critic_mask=critic_mask)
+
+    def update(key: Key, state: RLx2TD3State, batch: Transition, hp: RLx2TD3HParams):
+        inner, metrics, _ = core.update_weighted(key, state.td3, batch, None, hp, masked_steps(state))
+        return state.replace(td3=inner), metrics
+
+    def update_chunk(keys: Key, state: RLx2TD3State, batches: Transition, hp: RLx2TD3HParams):
+        inner, metrics = core.update_chunk(keys, state.td3, batches, hp, masked_steps(state))
+        return state.replace(td3=inner), metrics
+
+    def grow_scores(key: Key, state: RLx2TD3State, batch: Transition, hp: RLx2TD3HParams):
+        """``(actor, critic)`` scores of the inactive links: dense |grad| (RigL) or uniform noise (SET)."""
+        inner = state.td3
+        if config.topology == "set":
+            key_actor, key_critic = jax.random.split(key)
+            return sparse.uniform_like(key_actor, inner.actor), sparse.uniform_like(key_critic, inner.critic)
+        y = td3.target_q(key, actor_net, critic_net, inner.target_actor, inner.target_critic, batch, hp)
+        critic_grad = jax.grad(lambda c: td3.critic_loss_fn(c, critic_net, batch, y)[0])(inner.critic)
+        actor_grad = jax.grad(lambda a: td3.dpg_loss(actor_net, critic_net, a, inner.critic, batch.obs))(inner.actor)
+        return jax.tree.map(jnp.abs, actor_grad), jax.tree.map(jnp.abs, critic_grad)
+
+    def evolve_net(params, mask, scores, sparsity, fraction, due):
+        """One network's topology step: evolve, or redraw magnitude masks when the sparsity changed."""
+        counts = layer_counts(params, sparsity)
+        sizes = jnp.asarray([i * o for i, o in sparse.kernel_shapes(params)], jnp.int32)
+        evolving = counts < sizes
+        evolved = sparse.evolve(params, mask, scores, fraction, evolving & due, config.forbid_regrow)
+        redrawn_mask = sparse.magnitude_masks(params, counts)
+        redrawn = (sparse.apply_masks(params, redrawn_mask), redrawn_mask)
+        changed = jnp.any(sparse.active_counts(mask) != counts)
+        return jax.tree.map(lambda a, b: jnp.where(changed, a, b), redrawn, evolved)
+
+    def maintain(key: Key, state: RLx2TD3State, batch: Transition, hp: RLx2TD3HParams):
+        """The topology step (see the module docstring); no optimizer step, no counter advances."""
+        inner = state.td3
+        actor_scores, critic_scores = grow_scores(key, state, batch, hp)
+        actor_updates = inner.steps // hp.policy_delay
+        critic_fraction = sparse.drop_fraction(inner.steps, hp.drop_fraction, config.evolution_end)
+        actor_fraction = sparse.drop_fraction(actor_updates, hp.drop_fraction, config.evolution_end)
+        # The actor's counter counts actor updates: it reaches a multiple of dst_interval every d-th call.
+        actor_due = (inner.steps // config.dst_interval) % hp.policy_delay == 0
+        critic, critic_mask = evolve_net(inner.critic, state.critic_mask, critic_scores, hp.critic_sparsity,
+                                         critic_fraction, jnp.asarray(True))
+        actor, actor_mask = evolve_net(inner.actor, state.actor_mask, actor_scores, hp.actor_sparsity,
+                                       actor_fraction, actor_due)
+        # Targets share the online masks at once (the released code masks them at their next Polyak average).
+        inner = inner.replace(actor=actor, critic=critic,
+                              target_actor=sparse.apply_masks(inner.target_actor, actor_mask),
+                              target_critic=sparse.apply_masks(inner.target_critic, critic_mask))
+        state = RLx2TD3State(td3=inner, actor_mask=actor_mask, critic_mask=critic_mask)
+        return state, {"critic_drop_fraction": critic_fraction,
+                       "actor_drop_fraction": jnp.where(actor_due, actor_fraction, 0.0)}
+
+    def policy(state: RLx2TD3State, obs: jax.Array) -> jax.Array:
+        return core.policy(state.td3, obs)
+
+    def act(key: Key, state: RLx2TD3State, obs: jax.Array, hp: RLx2TD3HParams) -> jax.Array:
+        return core.act(key, state.td3, obs, hp)
+
+    delay = config.fixed_policy_delay
+    evolves = config.topology != "static"
+    return Learner(init=init, update=update, act=act, policy=policy, chunk=delay or 1,
+                   update_chunk=update_chunk if delay else None,
+                   maintain=maintain if evolves else None, maintain_every=config.dst_interval if evolves else 0)
+
+
+def specialize(config: RLx2TD3Config, hparams, updates_per_call: int, searched: frozenset[str]) -> RLx2TD3Config:
+    """TD3's fixed policy delay, and a topology period no shorter than one call's updates."""
+    if config.topology != "static" and updates_per_call > config.dst_interval:
+        raise ConfigError(f"learner_config.dst_interval: {config.dst_interval} is shorter than the updates per "
+                          f"iteration ({updates_per_call}); topology steps run between iterations "
+                          f"(allowed: at least {updates_per_call})")
+    return td3.specialize(config, hparams, updates_per_call, searched)
+
+
+TD3_DEFINITION = LearnerDef(name="rlx2_td3", config_cls=RLx2TD3Config, hparams_cls=RLx2TD3HParams,
+                            make=make_rlx2_td3, default_hparams=default_hparams, action_kind="continuous",
+                            specialize=specialize)

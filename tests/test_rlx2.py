@@ -1,0 +1,245 @@
+"""RLx2-TD3 (Tan et al., ICLR 2023): masked-dense updates, masked targets, topology steps with exact nnz,
+members with different sparsities under vmap, PBT sparsity changes, bad inputs, resume."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from learner_helpers import (
+    SPECS,
+    assert_trees_close,
+    assert_trees_equal,
+    fast_compile,  # noqa: F401  (autouse fixture)
+    random_batch,
+    train_cut_and_resume,
+    with_values,
+)
+
+import popjax
+from popjax.config import ConfigError, make_config
+from popjax.learners import rlx2, td3
+from popjax.learners.base import polyak
+from popjax.networks import sparse
+from popjax.population.tree import member, stack
+
+SPEC = SPECS["continuous"]
+
+
+def make(**overrides):
+    config = rlx2.RLx2TD3Config(**{"hidden": (32, 32), "batch_size": 16, "dst_interval": 10, "dst_end": 100,
+                                   **overrides})
+    return rlx2.make_rlx2_td3(config, SPEC), config
+
+
+def hparams(**values):
+    return with_values(rlx2.default_hparams(), **{"actor_sparsity": 0.8, "critic_sparsity": 0.7, **values})
+
+
+def batch(i: int = 0):
+    return random_batch(jax.random.key(50 + i), SPEC, 16)
+
+
+def counts_of(state, hp):
+    return (rlx2.layer_counts(state.td3.actor, hp.actor_sparsity),
+            rlx2.layer_counts(state.td3.critic, hp.critic_sparsity))
+
+
+def assert_exact_nnz(state, hp):
+    actor_counts, critic_counts = counts_of(state, hp)
+    np.testing.assert_array_equal(sparse.active_counts(state.actor_mask), actor_counts)
+    np.testing.assert_array_equal(sparse.active_counts(state.critic_mask), critic_counts)
+    for params, mask in ((state.td3.actor, state.actor_mask), (state.td3.critic, state.critic_mask),
+                         (state.td3.target_actor, state.actor_mask), (state.td3.target_critic, state.critic_mask)):
+        for w, m in zip(jax.tree.leaves(params), jax.tree.leaves(mask), strict=True):
+            assert not np.asarray(w)[~np.asarray(m)].any()  # exactly 0 where masked
+
+
+def test_init_masks_follow_er_and_targets_start_masked():
+    learner, _ = make()
+    hp = hparams()
+    state = learner.init(jax.random.key(0), hp)
+    assert_exact_nnz(state, hp)
+    # The critic's two Q-nets: the first and hidden layers are sparse, the 1-wide heads saturate to dense.
+    _, critic_counts = counts_of(state, hp)
+    sizes = np.asarray([i * o for i, o in sparse.kernel_shapes(state.td3.critic)])
+    assert (np.asarray(critic_counts) == sizes).tolist() == [False, False, True] * 2
+    assert_trees_equal(state.td3.target_actor, state.td3.actor)
+
+
+def test_optimizer_sees_only_masked_gradients():  # U4
+    learner, _ = make()
+    hp = hparams(policy_delay=1)
+    state = learner.init(jax.random.key(0), hp)
+    new, _ = jax.jit(learner.update)(jax.random.key(1), state, batch(), hp)
+    assert_exact_nnz(new, hp)
+    # From a fresh Adam state, the first moments of masked links stay exactly 0 (their gradients were masked),
+    # while the dense gradient of the critic loss is non-zero on those links (what growing reads).
+    mu = new.td3.critic_opt.mu  # optax ScaleByAdamState
+    for m, mask in zip(jax.tree.leaves(mu), jax.tree.leaves(state.critic_mask), strict=True):
+        assert not np.asarray(m)[~np.asarray(mask)].any()
+    c = td3.TwinCritic((32, 32))
+    a = td3.DeterministicActor((32, 32), SPEC.action_dim)
+    y = td3.target_q(jax.random.key(1), a, c, state.td3.target_actor, state.td3.target_critic, batch(), hp)
+    grads = jax.grad(lambda p: td3.critic_loss_fn(p, c, batch(), y)[0])(state.td3.critic)
+    hidden_grad = np.asarray(grads["params"]["q1"]["Dense_1"]["kernel"])
+    hidden_mask = np.asarray(state.critic_mask["params"]["q1"]["Dense_1"]["kernel"])
+    assert np.abs(hidden_grad[~hidden_mask]).sum() > 0
+
+
+def test_targets_are_masked_polyak_averages():  # U5
+    learner, _ = make()
+    hp = hparams(policy_delay=1, tau=0.3)
+    state = learner.init(jax.random.key(0), hp)
+    state = state.replace(td3=state.td3.replace(  # targets that differ from the online nets, as later in training
+        target_actor=jax.tree.map(lambda x: x + 0.5, state.td3.target_actor),
+        target_critic=jax.tree.map(lambda x: x - 0.25, state.td3.target_critic)))
+    new, _ = jax.jit(learner.update)(jax.random.key(1), state, batch(), hp)
+    want_actor = sparse.apply_masks(polyak(state.td3.target_actor, new.td3.actor, hp.tau), state.actor_mask)
+    want_critic = sparse.apply_masks(polyak(state.td3.target_critic, new.td3.critic, hp.tau), state.critic_mask)
+    np.testing.assert_allclose(jax.tree.leaves(new.td3.target_actor)[0], jax.tree.leaves(want_actor)[0], rtol=1e-6)
+    for got, want in zip(jax.tree.leaves((new.td3.target_actor, new.td3.target_critic)),
+                         jax.tree.leaves((want_actor, want_critic)), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("topology", ["rigl", "set"])
+def test_topology_steps_keep_exact_nnz_and_change_the_support(topology):  # U2/U3 inside the learner
+    learner, config = make(topology=topology)
+    hp = hparams(policy_delay=2)
+    state = learner.init(jax.random.key(0), hp)
+    update, maintain = jax.jit(learner.update), jax.jit(learner.maintain)
+    start_masks = (state.actor_mask, state.critic_mask)
+    fractions = []
+    for i in range(40):
+        state, _ = update(jax.random.key(i), state, batch(i), hp)
+        if (i + 1) % config.dst_interval == 0:
+            state, metrics = maintain(jax.random.key(100 + i), state, batch(100 + i), hp)
+            fractions.append((float(metrics["critic_drop_fraction"]), float(metrics["actor_drop_fraction"])))
+            assert_exact_nnz(state, hp)
+    # Critic fraction cos-annealed over its updates (10, 20, 30, 40 of dst_end 100); the actor evolves at every
+    # second call (its counter counts actor updates: 10 and 20 of them), with its own annealing.
+    zeta = lambda t: 0.25 * (1 + np.cos(np.pi * t / 100))  # noqa: E731
+    np.testing.assert_allclose([f[0] for f in fractions], [zeta(10), zeta(20), zeta(30), zeta(40)], rtol=1e-5)
+    np.testing.assert_allclose([f[1] for f in fractions], [0.0, zeta(10), 0.0, zeta(20)], rtol=1e-5)
+    for before, after in zip(jax.tree.leaves(start_masks), jax.tree.leaves((state.actor_mask, state.critic_mask)),
+                             strict=True):
+        if not np.asarray(before).all():  # every sparse layer's support moved
+            assert (np.asarray(before) != np.asarray(after)).any()
+
+
+def test_no_topology_step_after_the_end():  # U3
+    learner, _ = make(dst_end=5)
+    hp = hparams()
+    state = learner.init(jax.random.key(0), hp)
+    state = state.replace(td3=state.td3.replace(steps=jnp.int32(10)))
+    new, metrics = jax.jit(learner.maintain)(jax.random.key(1), state, batch(), hp)
+    assert float(metrics["critic_drop_fraction"]) == 0.0
+    assert_trees_equal(new, state)
+
+
+def test_static_sparse_has_no_maintenance():
+    learner, _ = make(topology="static")
+    assert learner.maintain is None and learner.maintain_every == 0
+
+
+def member_run(key, hp):
+    """Two rounds of 10 updates then a topology step, one member (batches drawn from ``key``)."""
+    learner, config = make()
+
+    def one_round(state, round_key):
+        def one_update(state, i):
+            k = jax.random.fold_in(round_key, i)
+            return learner.update(k, state, random_batch(k, SPEC, 16), hp)[0], None
+
+        state, _ = jax.lax.scan(one_update, state, jnp.arange(config.dst_interval))
+        k = jax.random.fold_in(round_key, 99)
+        return learner.maintain(k, state, random_batch(k, SPEC, 16), hp)[0], None
+
+    state, _ = jax.lax.scan(one_round, learner.init(key, hp), jax.random.split(key, 2))
+    return state
+
+
+def test_vmap_over_members_with_different_sparsities_equals_per_member_runs():  # U9
+    hps = [hparams(actor_sparsity=0.5, drop_fraction=0.1), hparams(actor_sparsity=0.9, critic_sparsity=0.95),
+           hparams(actor_sparsity=0.95, critic_sparsity=0.5, drop_fraction=0.9, policy_delay=1)]
+    keys = jax.random.split(jax.random.key(3), 3)
+    batched = jax.jit(jax.vmap(member_run))(keys, stack(hps))
+    for m, hp in enumerate(hps):
+        single = jax.jit(member_run)(keys[m], hp)
+        # Masks (the discrete selections) are identical; weights agree to float rounding (a batched matmul may
+        # round differently from an unbatched one).
+        assert_trees_equal((member(batched, m).actor_mask, member(batched, m).critic_mask),
+                           (single.actor_mask, single.critic_mask))
+        assert_trees_close(member(batched, m), single, atol=1e-6, rtol=1e-5)
+        assert_exact_nnz(single, hp)
+
+
+def test_a_changed_sparsity_redraws_masks_of_the_new_size_at_the_next_topology_step():
+    learner, _ = make()
+    hp = hparams()
+    state = learner.init(jax.random.key(0), hp)
+    explored = with_values(hp, actor_sparsity=0.95)  # what a PBT explore does to the hparam
+    new, _ = jax.jit(learner.maintain)(jax.random.key(1), state, batch(), explored)
+    assert_exact_nnz(new, explored)
+    kernel = np.abs(np.asarray(state.td3.actor["params"]["MLP_0"]["Dense_1"]["kernel"]))
+    kept = np.asarray(new.actor_mask["params"]["MLP_0"]["Dense_1"]["kernel"])
+    assert kernel[kept].min() >= kernel[~kept].max()  # the largest surviving weights
+
+
+RUN = dict(learner="rlx2_td3", env="probe:pendulum", pop_size=2, total_env_steps=400, warmup_steps=100,
+           rollout_len=20, eval_interval=200, eval_episodes=1, batch_size=16, buffer_size=1000, progress=False,
+           learner_config={"hidden": [16, 16], "dst_interval": 40, "dst_end": 300},  # not from the (cut) total
+           hparams={"actor_sparsity": [0.6, 0.9], "critic_sparsity": 0.8})
+
+
+def test_a_population_trains_with_exact_masks_and_resumes_bit_identically(tmp_path):
+    full, resumed = train_cut_and_resume(tmp_path, RUN, cut_env_steps=200)
+    assert_trees_equal(resumed.state, full.state)
+    learner = full.state.learner
+    for m, s in enumerate((0.6, 0.9)):
+        state = member(learner, m)
+        assert_exact_nnz(state, with_values(rlx2.default_hparams(), actor_sparsity=s, critic_sparsity=0.8))
+    assert int(learner.td3.steps[0]) == 300  # topology steps are not updates
+
+
+def test_pbt_exploits_keep_exact_masks(tmp_path):
+    # Members start with different actor sparsities; an exploit copies the parent's masks with its sparsity.
+    space = {"actor_lr": {"low": 1e-4, "high": 1e-3, "log": True}}
+    run = popjax.train(out_dir=tmp_path / "pbt", **{**RUN, "driver": "pbt", "pop_size": 4, "eval_interval": 100,
+                                                      "hparams": {"actor_sparsity": [0.5, 0.6, 0.8, 0.9]},
+                                                      "pbt": {"interval": 100, "quantile": 0.5,
+                                                              "search_space": space}})
+    sparsities = np.asarray(run.state.hparams.actor_sparsity).tolist()
+    assert sparsities != [0.5, 0.6, 0.8, 0.9]  # exploits happened
+    for m in range(4):
+        state = member(run.state.learner, m)
+        hp = member(run.state.hparams, m)
+        assert_exact_nnz(state, hp)
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"hparams": {"actor_sparsity": 1.0}}, "actor_sparsity"),
+    ({"hparams": {"critic_sparsity": -0.1}}, "critic_sparsity"),
+    ({"hparams": {"drop_fraction": 0.0}}, "drop_fraction"),
+    ({"hparams": {"drop_fraction": 1.0}}, "drop_fraction"),
+    ({"learner_config": {"dst_interval": 0}}, "learner_config.dst_interval"),
+    ({"learner_config": {"dst_interval": 2.5}}, "learner_config.dst_interval"),
+    ({"learner_config": {"dst_interval": 5}}, "learner_config.dst_interval"),  # shorter than K = 20 updates
+    ({"env": "probe:cartpole"}, "env: rlx2_td3 needs continuous actions"),
+])
+def test_bad_input_is_one_line_naming_the_field(change, field, tmp_path):
+    options = {**RUN, **change}
+    with pytest.raises(ConfigError) as error:
+        config = make_config(**{k: v for k, v in options.items() if k != "progress"})
+        popjax.train(config=config, out_dir=tmp_path / "run")
+    assert field in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_tiny_matches_the_sparse_parameter_count():
+    width = rlx2.tiny_hidden(17, 6, 2, 0.9)
+    shapes = lambda w: [(17, w), (w, w), (w, 6)]  # noqa: E731
+    target = 0.1 * sparse.model_size(shapes(256), [1, 1, 1])
+    assert sparse.model_size(shapes(width), [1, 1, 1]) <= target < sparse.model_size(shapes(width + 1), [1, 1, 1])
