@@ -19,8 +19,8 @@ with the cosine-annealed fraction, and takes no optimizer step. The critic evolv
 hyperparameter changed (PBT explore) gets magnitude masks of its new sizes at that call instead.
 
 popjax deviations, documented: the topology step is an extra iteration after the ``dst_interval``-th update
-rather than replacing that update's optimizer step, and it masks the targets with the new masks at once; the dense baseline is the ``td3`` learner (and "Tiny" is
-``td3`` with ``tiny_hidden`` units).
+rather than replacing that update's optimizer step, and it masks the targets with the new masks at once. The
+dense baseline is the ``td3`` learner, and "Tiny" is ``td3`` with ``tiny_hidden`` units.
 """
 
 from __future__ import annotations
