@@ -261,8 +261,12 @@ def _print_results(run) -> None:
     table.add_column("final return", justify="right")
     for name in varying:
         table.add_column(name, justify="right")
+    costs = {name: values for name, values in s.get("costs", {}).items() if name in COST_COLUMNS}
+    for name in costs:
+        table.add_column(COST_COLUMNS[name], justify="right")
     for m, ret in enumerate(s["final_returns"]):
-        table.add_row(str(m), f"{ret:.1f}", *(f"{hparams[n][m]:.4g}" for n in varying))
+        table.add_row(str(m), f"{ret:.1f}", *(f"{hparams[n][m]:.4g}" for n in varying),
+                      *(f"{values[m]:.3g}x" for values in costs.values()))
     console = Console()
     if not console.is_terminal or console.width < table_width(table, console):
         # A log file or a narrow terminal: render at the table's natural width, never cut numbers to "0.00…".
@@ -272,6 +276,11 @@ def _print_results(run) -> None:
     if shared:
         console.print(f"shared hparams: {shared}")
     console.print(f"best return {s['best_return']:.1f} · run directory [bold]{run.out_dir}[/bold]")
+
+
+# The learner costs (summary.json "costs") the results table shows, as reductions against the dense model.
+COST_COLUMNS = {"size_reduction": "size /", "train_flops_reduction": "train FLOPs /",
+                "inference_flops_reduction": "inference FLOPs /"}
 
 
 def table_width(table, console) -> int:

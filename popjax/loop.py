@@ -28,9 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from popjax.config import RunConfig
+from popjax.config import RunConfig, make_learner_config
 from popjax.distributed import fetch, gather_rows, is_writer, processes
 from popjax.drivers.base import Driver, Episodes, Rollout
+from popjax.learners import LEARNERS
 from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
 from popjax.rundir import RunDir
@@ -398,13 +399,17 @@ class Loop:
         env_steps, updates = self.counters(state)
         final = self.history[-1] if self.history else np.full(cfg.pop_size, np.nan)
         best = max((float(np.nanmax(r)) for r in self.history if np.isfinite(r).any()), default=float("nan"))
-        return {
+        summary = {
             "learner": cfg.learner, "env": cfg.env, "driver": cfg.driver, "pop_size": cfg.pop_size,
             "seed": cfg.seed, "env_steps": env_steps, "updates": updates,
             "wall_s": round(self.wall_s, 3), "compile_s": round(self.compiler.compile_s, 3),
             "best_return": best, "final_returns": [float(r) for r in final],
             **self.driver.host.summary(state),
         }
+        costs = LEARNERS[cfg.learner].costs
+        if costs is not None:
+            summary["costs"] = costs(make_learner_config(cfg), self.runner.spec, fetch(self.driver.host.hparams(state)))
+        return summary
 
 
 def crossed(before: int, after: int, interval: int) -> bool:

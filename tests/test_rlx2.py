@@ -243,3 +243,22 @@ def test_tiny_matches_the_sparse_parameter_count():
     shapes = lambda w: [(17, w), (w, w), (w, 6)]  # noqa: E731
     target = 0.1 * sparse.model_size(shapes(256), [1, 1, 1])
     assert sparse.model_size(shapes(width), [1, 1, 1]) <= target < sparse.model_size(shapes(width + 1), [1, 1, 1])
+
+
+def test_costs_against_hand_counts():  # U8 through the learner: sizes and FLOPs in summary.json
+    _, config = make()
+    hp = jax.tree.map(lambda x: np.asarray([x, x]), hparams())
+    hp = hp.replace(actor_sparsity=np.asarray([0.0, 0.9], np.float32), policy_delay=np.asarray([2, 2], np.int32))
+    costs = rlx2.costs(config, SPEC, hp)
+    # Dense member: actor 3 -> 32 -> 32 -> 2, each Q-net 5 -> 32 -> 32 -> 1 (hand counts).
+    f_actor = 5 * 32 + 63 * 32 + 63 * 2
+    f_q = 9 * 32 + 63 * 32 + 63 * 1
+    assert costs["inference_flops"][0] == f_actor
+    assert costs["actor_weights"][0] == 3 * 32 + 32 * 32 + 32 * 2
+    critic_dense = 2 * (5 * 32 + 32 * 32 + 32)
+    assert costs["train_flops_reduction"][0] != 1.0  # the critic is 70 % sparse in both members
+    assert costs["actor_weights"][1] == pytest.approx(0.1 * costs["actor_weights"][0], rel=1e-5)
+    assert costs["critic_weights"][0] == pytest.approx(0.3 * critic_dense, rel=1e-5)
+    dense_train = 16 * (f_actor + 8 * f_q) + 16 * (3 * f_actor + f_q) / 2
+    assert costs["train_flops"][0] * costs["train_flops_reduction"][0] == pytest.approx(dense_train)
+    assert costs["inference_flops_reduction"][1] > 5

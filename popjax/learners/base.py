@@ -115,6 +115,9 @@ class LearnerDef:
     # An on-policy learner (``Learner.update_rollout``): trained on each iteration's trajectories,
     # no replay buffer; only drivers whose ``DriverDef.on_policy`` is True accept it.
     on_policy: bool = False
+    # (config, spec, hparams [pop] on the host) -> {name: [value per member]}: the learner's compute and memory
+    # costs (RLx2: model sizes and FLOPs against dense), written to summary.json's "costs" and the results table.
+    costs: Callable[[Any, EnvSpec, Any], dict[str, list[float]]] | None = None
 
 
 # Adam without its learning rate: `params - lr * scale_by_adam(grads)` equals Adam(lr)

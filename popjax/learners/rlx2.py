@@ -29,6 +29,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from pydantic import Field
 
@@ -211,6 +212,45 @@ def make_rlx2_td3(config: RLx2TD3Config, spec: EnvSpec) -> Learner:
                    maintain=maintain if evolves else None, maintain_every=config.dst_interval if evolves else 0)
 
 
+def costs(config: RLx2TD3Config, spec: EnvSpec, hparams: RLx2TD3HParams) -> dict[str, list[float]]:
+    """Model sizes and FLOPs of each member against the dense model (Tan et al. 2023, App. C.3).
+
+    Sizes count weights (no biases), actor + both Q-nets, and the targets with them (the paper's "total size").
+    Training FLOPs per update are ``B (F_A + 8 F_C) + B (3 F_A + F_C) / d`` (one Q-net's F_C); inference FLOPs are
+    one actor forward. A ``*_reduction`` is dense / sparse (the paper's "x" figures).
+    """
+    core = td3.td3_core(config, spec)
+    actor_params, critic_params = jax.eval_shape(
+        lambda: td3.init_actor_critic(jax.random.key(0), core.actor_net, core.critic_net, spec))
+    actor_shapes, critic_shapes = sparse.kernel_shapes(actor_params), sparse.kernel_shapes(critic_params)
+    q_layers = len(critic_shapes) // 2
+    rows: dict[str, list[float]] = {name: [] for name in (
+        "actor_weights", "critic_weights", "size_reduction", "train_flops", "train_flops_reduction",
+        "inference_flops", "inference_flops_reduction")}
+    dense_actor, dense_critic = [1.0] * len(actor_shapes), [1.0] * len(critic_shapes)
+
+    def measures(actor_dens, critic_dens, delay):
+        f_a = sparse.forward_flops(actor_shapes, actor_dens)
+        f_q = sparse.forward_flops(critic_shapes[:q_layers], critic_dens[:q_layers])
+        size = sparse.model_size(actor_shapes, actor_dens) + sparse.model_size(critic_shapes, critic_dens)
+        return size, sparse.train_flops(f_a, f_q, config.batch_size, delay, "td3"), f_a
+
+    for a_s, c_s, d in zip(np.atleast_1d(hparams.actor_sparsity), np.atleast_1d(hparams.critic_sparsity),
+                           np.atleast_1d(hparams.policy_delay), strict=True):
+        actor_dens = np.asarray(sparse.er_densities(actor_shapes, float(a_s)), np.float64)
+        critic_dens = np.asarray(sparse.er_densities(critic_shapes, float(c_s)), np.float64)
+        size, train, inference = measures(actor_dens, critic_dens, int(d))
+        dense_size, dense_train, dense_inference = measures(dense_actor, dense_critic, int(d))
+        rows["actor_weights"].append(sparse.model_size(actor_shapes, actor_dens))
+        rows["critic_weights"].append(sparse.model_size(critic_shapes, critic_dens))
+        rows["size_reduction"].append(dense_size / size)
+        rows["train_flops"].append(train)
+        rows["train_flops_reduction"].append(dense_train / train)
+        rows["inference_flops"].append(inference)
+        rows["inference_flops_reduction"].append(dense_inference / inference)
+    return rows
+
+
 def specialize(config: RLx2TD3Config, hparams, updates_per_call: int, searched: frozenset[str]) -> RLx2TD3Config:
     """TD3's fixed policy delay, and a topology period no shorter than one call's updates."""
     if config.topology != "static" and updates_per_call > config.dst_interval:
@@ -222,4 +262,4 @@ def specialize(config: RLx2TD3Config, hparams, updates_per_call: int, searched: 
 
 TD3_DEFINITION = LearnerDef(name="rlx2_td3", config_cls=RLx2TD3Config, hparams_cls=RLx2TD3HParams,
                             make=make_rlx2_td3, default_hparams=default_hparams, action_kind="continuous",
-                            specialize=specialize)
+                            specialize=specialize, costs=costs)
