@@ -102,13 +102,16 @@ class RunConfig:
         "must fit in the machine's memory")
     buffer: OneOf(REPLAY_KINDS) = Field(
         "uniform", description="replay sampling: uniform, or prioritized by |TD error| (K-ary sum tree; "
-        "independent and pbt drivers, learners td3 and sac)")
+        "independent and pbt drivers; learners td3, sac, dqn, and spo_dqn/spo_td3 with one bank per replica)")
     per_alpha: Float(ge=0, le=1) = Field(0.6, description="prioritized replay: priority exponent, (|TD| + eps)^alpha "
                                                           "(popjax default)")
     per_beta: Float(ge=0, le=1) = Field(0.4, description="prioritized replay: importance-weight exponent "
                                                          "(popjax default)")
     per_eps: Float(gt=0, le=1) = Field(1e-6, description="prioritized replay: added to |TD| so no row starves "
                                                          "(popjax default)")
+    per_delay: Int(ge=1, le=1_000_000) = Field(
+        1, description="prioritized replay: samplings between computing a priority and writing it (D; 1 = written "
+                       "before the next sampling)")
     eval_interval: Int(ge=1, le=MAX_STEPS) = Field(5_000, description="env steps per member between evaluations")
     eval_episodes: Int(ge=1, le=10_000) = Field(
         5, description="deterministic episodes per member at each evaluation")
@@ -192,6 +195,9 @@ def _check_run(config: RunConfig) -> None:
              at=("pop_size",), nested=True)
     if c.buffer == "prioritized" and not DRIVERS[c.driver].prioritized_replay:
         fail(f"the {c.driver} driver has no prioritized replay (allowed: uniform)", at=("buffer",), nested=True)
+    if c.per_delay != 1 and c.buffer != "prioritized":
+        fail(f"only applies to buffer: prioritized, got {c.per_delay} with buffer: {c.buffer} (allowed: 1)",
+             at=("per_delay",), nested=True)
     if c.batch_size > c.buffer_size:
         fail(f"{c.batch_size} is larger than buffer_size {c.buffer_size}", at=("batch_size",), nested=True)
     if c.steps_per_iter > c.buffer_size:

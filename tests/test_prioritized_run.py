@@ -70,8 +70,6 @@ def test_weighted_update_with_unit_weights_equals_update(name):
 def test_prioritized_replay_is_refused_where_it_is_not_supported():
     with pytest.raises(ConfigError, match="buffer"):
         make_config(learner="td3", driver="cemrl", **BASE)
-    with pytest.raises(ConfigError, match="no prioritized update"):
-        build(make_config(learner="spo_dqn", **{**BASE, "env": "probe:cartpole", "rollout_len": 20}))
 
 
 def test_pbt_with_prioritized_replay_resumes_exactly(tmp_path):

@@ -20,6 +20,12 @@ items)`` with circular insertion and size tracking, ``sample(key, state)``, ``ca
 ...]`` like the uniform buffer's, ``info`` carries what a learner needs to weight its loss and write priorities back
 (possibly later: the indices are explicit, so a FIFO of them gives the thesis's priority-update delay D, Ch. 4).
 
+Priority-write delay D (``delay``; the thesis's "number of samplings performed ahead of priority update", Ch. 4):
+``update`` pushes its write onto a FIFO of D - 1 pending writes (indices and raw TD errors, in the buffer state, so it
+is vmapped and checkpointed with the buffer) and applies the oldest one, so the write of sampling t lands just before
+sampling t + D. D = 1 (no FIFO, ``pending`` is None) applies the write at once. Pending writes are converted with the
+alpha/eps current when they land; writes still pending at any point simply stay pending.
+
 popjax's choices (the thesis gives none of these for Ch. 4-5): priority ``(|delta| + eps)**alpha`` with defaults
 alpha=0.6, beta=0.4, eps=1e-6 (the usual Schaul et al. recipe), held as traced arrays in the buffer state so that
 each member has its own and PBT may change them; new rows enter with the bank's largest priority so far (initially
@@ -192,6 +198,15 @@ def importance_weights(probabilities: jax.Array, num_valid: jax.Array, beta: jax
 
 
 @struct.dataclass
+class PendingWrites:
+    """A FIFO of the last D - 1 priority writes not yet applied; slot 0 is the oldest."""
+
+    indices: jax.Array  # int32 [D - 1, banks, b]
+    td_errors: jax.Array  # float32 [D - 1, banks, b]
+    count: jax.Array  # int32, filled slots (saturates at D - 1; only a full FIFO has a write to apply)
+
+
+@struct.dataclass
 class PrioritizedBufferState:
     data: PyTree  # every leaf [banks, bank_capacity, ...]
     tree: SumTree  # levels [banks, K**h]
@@ -200,6 +215,7 @@ class PrioritizedBufferState:
     max_priority: jax.Array  # float32 [banks], largest leaf written so far (new rows get it)
     next_bank: jax.Array  # int32, bank that receives env slice 0 at the next add
     hyper: PERHyperparams
+    pending: PendingWrites | None = None  # delay D > 1 only
 
 
 class SampleInfo(NamedTuple):
@@ -218,10 +234,13 @@ class PrioritizedBuffer(NamedTuple):
     capacity: int
     batch_size: int
     banks: int
+    delay: int = 1
 
 
-def make_prioritized_buffer(capacity: int, batch_size: int, banks: int = 1, branching: int = 4) -> PrioritizedBuffer:
-    """A prioritized ring buffer of ``capacity`` rows split into ``banks`` equal banks.
+def make_prioritized_buffer(capacity: int, batch_size: int, banks: int = 1, branching: int = 4,
+                            delay: int = 1) -> PrioritizedBuffer:
+    """A prioritized ring buffer of ``capacity`` rows split into ``banks`` equal banks; ``update`` writes land
+    ``delay`` samplings after they are made (1: before the next sampling).
 
     ``capacity`` and ``batch_size`` must be multiples of ``banks``; ``add`` takes a multiple of ``banks`` items.
     ``branching`` K = 4 by default: a rough timing on the 2-core CPU (jitted ``tree_sample`` + ``tree_update``,
@@ -232,6 +251,8 @@ def make_prioritized_buffer(capacity: int, batch_size: int, banks: int = 1, bran
         raise ValueError(f"capacity, batch_size and banks must be positive, got {capacity}, {batch_size}, {banks}")
     if capacity % banks or batch_size % banks:
         raise ValueError(f"capacity {capacity} and batch_size {batch_size} must be multiples of banks {banks}")
+    if delay < 1:
+        raise ValueError(f"delay must be >= 1, got {delay}")
     bank_capacity, bank_batch = capacity // banks, batch_size // banks
     tree_height(bank_capacity, branching)  # validates branching
 
@@ -248,6 +269,10 @@ def make_prioritized_buffer(capacity: int, batch_size: int, banks: int = 1, bran
             max_priority=jnp.ones((banks,), jnp.float32),
             next_bank=jnp.zeros((), jnp.int32),
             hyper=per_hyperparams() if hyper is None else hyper,
+            pending=None if delay == 1 else PendingWrites(
+                indices=jnp.zeros((delay - 1, banks, bank_batch), jnp.int32),
+                td_errors=jnp.zeros((delay - 1, banks, bank_batch), jnp.float32),
+                count=jnp.zeros((), jnp.int32)),
         )
 
     def add_to_bank(data, tree, insert_pos, size, max_priority, items):
@@ -281,20 +306,40 @@ def make_prioritized_buffer(capacity: int, batch_size: int, banks: int = 1, bran
         batch = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), batch)
         return batch, SampleInfo(indices, probabilities, weights, totals / jnp.sum(totals))
 
+    def write(state: PrioritizedBufferState, indices: jax.Array, td_errors: jax.Array,
+              valid: jax.Array | bool = True) -> PrioritizedBufferState:
+        """Sets the priorities of ``indices`` from ``td_errors`` now (``valid`` False: leaves the buffer as it is)."""
+        priorities = priority_from_td(td_errors, state.hyper.alpha, state.hyper.eps)
+        priorities = jnp.where(jnp.isfinite(priorities), priorities, state.max_priority[:, None])
+        if valid is not True:
+            # An empty FIFO slot rewrites the current leaves: the same tree, bit for bit, without a cond.
+            current = jax.vmap(lambda leaves, i: leaves[i])(state.tree.levels[-1], indices)
+            priorities = jnp.where(valid, priorities, current)
+        tree = jax.vmap(tree_update)(state.tree, indices, priorities)
+        written = priorities.max(axis=-1) if valid is True else jnp.where(valid, priorities.max(axis=-1), 0.0)
+        return state.replace(tree=tree, max_priority=jnp.maximum(state.max_priority, written))
+
     def update(state: PrioritizedBufferState, indices: jax.Array, td_errors: jax.Array) -> PrioritizedBufferState:
-        """Writes ``(|td| + eps)**alpha`` at ``indices`` (``[banks, b]``, as in ``SampleInfo``; td may be ``[B]``).
+        """Writes ``(|td| + eps)**alpha`` at ``indices`` (``[banks, b]``, as in ``SampleInfo``; td may be ``[B]``),
+        or with ``delay`` D > 1 queues this write and applies the one queued D - 1 updates ago (if any).
 
         A non-finite TD error (a diverged member) writes the bank's max priority instead: one NaN leaf would make
         every later sum NaN, and the tree would stay poisoned after PBT replaced the member's learner. A delayed
         write lands on the row's current occupant: rows added since the sample get the old row's priority.
         """
-        td_errors = td_errors.reshape(indices.shape)
-        priorities = priority_from_td(td_errors, state.hyper.alpha, state.hyper.eps)
-        priorities = jnp.where(jnp.isfinite(priorities), priorities, state.max_priority[:, None])
-        tree = jax.vmap(tree_update)(state.tree, indices, priorities)
-        return state.replace(tree=tree, max_priority=jnp.maximum(state.max_priority, priorities.max(axis=-1)))
+        indices = indices.astype(jnp.int32)
+        td_errors = td_errors.reshape(indices.shape).astype(jnp.float32)
+        if delay == 1:
+            return write(state, indices, td_errors)
+        fifo = state.pending
+        state = write(state, fifo.indices[0], fifo.td_errors[0], fifo.count == delay - 1)
+        shift = lambda queue, new: jnp.concatenate([queue[1:], new[None]], axis=0)
+        # Slots fill from the end, so the oldest write always sits in slot 0 once the FIFO is full.
+        fifo = PendingWrites(indices=shift(fifo.indices, indices), td_errors=shift(fifo.td_errors, td_errors),
+                             count=jnp.minimum(fifo.count + 1, delay - 1))
+        return state.replace(pending=fifo)
 
     def can_sample(state: PrioritizedBufferState) -> jax.Array:
         return (jnp.sum(state.size) >= batch_size) & jnp.all(state.size > 0)
 
-    return PrioritizedBuffer(init, add, sample, update, can_sample, capacity, batch_size, banks)
+    return PrioritizedBuffer(init, add, sample, update, can_sample, capacity, batch_size, banks, delay)

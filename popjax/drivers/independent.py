@@ -9,10 +9,16 @@ compiled iteration from the state's counters (a ``cond`` outside the member ``vm
 run compiles one iteration, warm-up or not.
 
 With ``buffer: prioritized`` each member's buffer is a prioritized one (``popjax.buffers.prioritized``,
-one bank, the member's own alpha/beta/eps in its state): every one of the K steps samples by priority, calls the
-learner's ``update_weighted`` with the importance weights, and writes the returned ``|TD error|`` back as the
-sampled rows' priorities before the next step samples (no delay), so the K steps are a ``scan`` of single
-updates (a learner's ``update_chunk`` is not used).
+``learner.banks`` banks, the member's own alpha/beta/eps in its state). A learner with ``update_weighted`` is
+driven by single steps: each of the K steps samples by priority, calls ``update_weighted`` with the importance
+weights and writes the returned ``|TD error|`` back as the sampled rows' priorities (a TD3 ``update_chunk`` is not
+used). A learner with ``update_chunk_weighted`` (SPO) is driven by chunks: per chunk of H steps it samples H
+batches (each bank its own B / banks rows, so replica r reads bank r), runs the chunk, then writes the H steps'
+priorities in step order. All H batches are drawn before the chunk, so within a chunk priorities lag by up to
+H - 1 samplings (the thesis's SPO learners, Zhang 2022 Alg. 7/8, write before each next sample): the same
+relaxation as the write delay. Writes go through the buffer's delay FIFO
+(``per_delay`` D: step t's write lands just before step t + D samples; pending writes are carried across
+iterations in the buffer state).
 
 ``make_population`` builds these functions for any state with the fields of ``PopState``;
 PBT reuses them.
@@ -68,9 +74,18 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
     """The independent population's functions, for ``state_cls`` (``PopState`` or one extending its fields)."""
     learner, spec, members, cfg = ctx.learner, ctx.spec, ctx.members, ctx.config
     prioritized = cfg.buffer == "prioritized"
-    if prioritized and learner.update_weighted is None:
+    chunked_per = prioritized and learner.update_chunk_weighted is not None
+    if prioritized and learner.update_weighted is None and not chunked_per:
         raise ConfigError(f"buffer: the {cfg.learner} learner has no prioritized update (allowed: uniform)")
-    buffer = (make_prioritized_buffer(cfg.buffer_size, cfg.batch_size) if prioritized
+    banks = learner.banks if prioritized else 1
+    if cfg.buffer_size % banks:
+        raise ConfigError(f"buffer_size: must be a multiple of the {banks} replay banks (one per replica) with "
+                          f"buffer: prioritized, got {cfg.buffer_size}")
+    if cfg.steps_per_iter % banks:
+        raise ConfigError(f"rollout_len: rollout_len x envs_per_member ({cfg.steps_per_iter}) must be a multiple of "
+                          f"the {banks} replay banks (one per replica) with buffer: prioritized")
+    buffer = (make_prioritized_buffer(cfg.buffer_size, cfg.batch_size, banks=banks, delay=cfg.per_delay)
+              if prioritized
               else make_uniform_buffer(cfg.buffer_size, cfg.batch_size))
     new_buffer = ((lambda: buffer.init(dummy_transition(spec), per_hyperparams(cfg.per_alpha, cfg.per_beta,
                                                                                cfg.per_eps)))
@@ -129,13 +144,36 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
         carry, metrics = jax.lax.scan(one_step, (state.learner, state.buffer), jax.random.split(key, k))
         return carry, jax.tree.map(lambda m: m.mean(axis=0), metrics)
 
+    def train_prioritized_chunks(key: Key, state):
+        """K steps in chunks of the learner's ``chunk`` H: sample H batches by priority from the chunk's buffers,
+        one weighted chunk update, then the H steps' priority writes in step order. Step ``i`` uses the keys of
+        ``split(key, K)[i]`` as in ``train_prioritized`` (so H = 1 samples and updates what single steps do)."""
+        v_chunk_weighted = jax.vmap(learner.update_chunk_weighted, in_axes=(1, 0, 1, 1, 0))
+        v_write = jax.vmap(buffer.update)
+
+        def one_chunk(carry, chunk_keys):
+            learner_state, buffers = carry
+            sample_keys, update_keys = jnp.moveaxis(jax.vmap(jax.random.split)(chunk_keys), 1, 0)
+            batches, info = jax.vmap(lambda k_: jax.vmap(buffer.sample)(members.keys(k_), buffers))(sample_keys)
+            weights = info.weights.reshape(info.weights.shape[:2] + (-1,))  # [H, pop, B], bank-major
+            learner_state, metrics, td_abs = v_chunk_weighted(jax.vmap(members.keys)(update_keys), learner_state,
+                                                              batches, weights, state.hparams)
+            td_abs = jnp.moveaxis(td_abs, 1, 0)  # [H, pop, B]
+            buffers, _ = jax.lax.scan(lambda b, x: (v_write(b, *x), None), buffers, (info.indices, td_abs))
+            return (learner_state, buffers), {**metrics, "td_abs": td_abs.mean(axis=(0, 2))}
+
+        step_keys = jax.random.split(key, k).reshape(k // chunk, chunk)
+        carry, metrics = jax.lax.scan(one_chunk, (state.learner, state.buffer), step_keys)
+        return carry, jax.tree.map(lambda m: m.mean(axis=0), metrics)
+
     def learn(key: Key, state, experience: Experience):
         """Adds the rollout to each member's buffer, then trains (after warm-up)."""
         warm = warming_up(state)
         state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, experience.transitions))
         if prioritized:
-            (learner_state, buffers), metrics = train_unless(warm, train_prioritized, key, state,
-                                                             kept=(state.learner, state.buffer))
+            (learner_state, buffers), metrics = train_unless(
+                warm, train_prioritized_chunks if chunked_per else train_prioritized, key, state,
+                kept=(state.learner, state.buffer))
             state = state.replace(buffer=buffers)
         else:
             learner_state, metrics = train_unless(warm, train, key, state, kept=state.learner)

@@ -40,6 +40,11 @@ class Learner(NamedTuple):
     Optional, for prioritized replay: ``update_weighted(key, state, batch, weights [B], hparams)
     -> (state, metrics, td_abs [B])`` is ``update`` with the TD loss of sample ``i`` weighted by
     ``weights[i]`` (importance weights) and returning ``|TD error|`` per sample (the new priorities).
+    ``update_chunk_weighted(keys [chunk], state, batches [chunk, B, ...], weights [chunk, B], hparams)
+    -> (state, metrics, td_abs [chunk, B])`` is the same for ``update_chunk`` (a learner offering it is
+    driven by chunks under prioritized replay too; the weights enter TD losses only, never actor losses).
+    ``banks`` is the number of replay banks the learner reads (SPO: one per replica, replica r reading
+    the r-th ``B / banks`` rows of every batch, which a banked buffer fills from bank r); 1 otherwise.
 
     On-policy learners (PPO, A2C) offer ``update_rollout(key, state, trajectory, hparams, behaviour)
     -> (state, metrics)`` instead of ``update`` (which is then None): one on-policy update from a
@@ -62,6 +67,9 @@ class Learner(NamedTuple):
     update_chunk: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
     update_weighted: Callable[[Key, Any, Transition, jax.Array, Any], tuple[Any, Metrics, jax.Array]] | None = None
     update_rollout: Callable[[Key, Any, Any, Any, Any], tuple[Any, Metrics]] | None = None
+    update_chunk_weighted: Callable[[Key, Any, Transition, jax.Array, Any],
+                                    tuple[Any, Metrics, jax.Array]] | None = None
+    banks: int = 1
     maintain: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
     maintain_every: int = 0
 

@@ -32,7 +32,9 @@ Choices the thesis leaves open (documented deviations):
   diverging variant, for comparison); targets stay frozen in both.
 - Target copies after rounds F, 2F, ... (Alg. 7/8 test ``e mod F == 0`` from e = 0, i.e. also after the
   first round); this way R = 1 SPO-DQN equals DQN with ``target_update_period = H * F`` (test L5).
-- Not here: banked PER (replicas slice the member's uniform buffer sample) and a Polyak-at-averaging flag.
+- Prioritized replay (``update_chunk_weighted``, ``banks = R``): replica r's slice of each batch comes from bank r
+  of the member's banked buffer (Ch. 5); importance weights scale the TD/critic loss only. Not here: a
+  Polyak-at-averaging flag.
 """
 
 from __future__ import annotations
@@ -140,16 +142,24 @@ def split_replicas(batches: Transition, replicas: int) -> Transition:
                         batches)
 
 
-def local_steps(step: Callable, carry: PyTree, keys: Key, batches: Transition, replicas: int):
-    """``scan`` over the H batches of ``vmap_R(step)``: ``step(carry_r, key_r, batch_r) -> (carry_r, metrics)``.
+def local_steps(step: Callable, carry: PyTree, keys: Key, batches: Transition, replicas: int,
+                weights: jax.Array | None = None):
+    """``scan`` over the H batches of ``vmap_R(step)``: ``step(carry_r, key_r, batch_r[, weights_r]) -> (carry_r,
+    metrics)``, ``weights_r`` the replica's slice of ``weights [H, B]`` (importance weights), passed only if given.
 
-    ``carry`` leaves are ``[R, ...]``; returns the carry and metrics averaged over steps and replicas.
+    ``carry`` leaves are ``[R, ...]``; returns the carry, the metrics averaged over steps and replicas, and the
+    metric ``td_abs`` (if the step gives one) unaveraged as ``[H, B]`` (replica-major, the batches' row order).
     """
     replica_keys = jax.vmap(lambda k: jax.random.split(k, replicas))(keys)  # [H, R]
     v_step = jax.vmap(step, axis_name=REPLICA)
     xs = (replica_keys, split_replicas(batches, replicas))
+    if weights is not None:
+        xs = (*xs, split_replicas(weights, replicas))
     carry, metrics = jax.lax.scan(lambda c, x: v_step(c, *x), carry, xs)
-    return carry, jax.tree.map(jnp.mean, metrics)
+    td_abs = metrics.pop("td_abs", None)
+    if td_abs is not None:
+        td_abs = td_abs.reshape(td_abs.shape[0], -1)
+    return carry, jax.tree.map(jnp.mean, metrics), td_abs
 
 
 def replicate(tree: PyTree, replicas: int) -> PyTree:
@@ -193,25 +203,32 @@ def make_spo_dqn(config: SPODQNConfig, spec: EnvSpec) -> Learner:
         return SPODQNState(params=replicate(one.params, r), opt=replicate(one.opt, r), target_params=one.target_params,
                            steps=one.steps)
 
-    def update_chunk(keys: Key, state: SPODQNState, batches: Transition, hp: dqn.DQNHParams):
+    def update_chunk_weighted(keys: Key, state: SPODQNState, batches: Transition, weights: jax.Array | None,
+                              hp: dqn.DQNHParams):
+        """A round; sample i's loss weighted by ``weights`` ``[H, B]`` (None: unweighted); also ``|Q(s, a) - y|``
+        ``[H, B]``."""
         averaged = first(state.params)  # the last averaged online network: replicas agree at a round's start
 
-        def step(carry, key, batch):
+        def step(carry, key, batch, w=None):
             del key
             params, opt = carry
             selector = params if config.mode == "dp" else averaged
             y = jax.lax.stop_gradient(dqn.td_target(q_net, selector, state.target_params, batch, hp.discount,
                                                     config.double_q))
-            (loss, q), grads = jax.value_and_grad(dqn.q_loss, has_aux=True)(params, q_net, batch, y, config.huber)
+            (loss, q), grads = jax.value_and_grad(dqn.q_loss, has_aux=True)(params, q_net, batch, y, config.huber,
+                                                                            w)
             params, opt = adam_step(params, grad_sync(grads, config), opt, hp.lr)
-            return (params, opt), {"loss": loss, "q_mean": q.mean()}
+            return (params, opt), {"loss": loss, "q_mean": q.mean(), "td_abs": jnp.abs(q - y)}
 
-        (params, opt), metrics = local_steps(step, (state.params, state.opt), keys, batches, r)
+        (params, opt), metrics, td_abs = local_steps(step, (state.params, state.opt), keys, batches, r, weights)
         params, opt = sync(params, opt, config)
         steps = state.steps + config.local_steps
         target = select(is_copy_round(steps, config), first(params), state.target_params)
         new_state = SPODQNState(params=params, opt=opt, target_params=target, steps=steps)
-        return new_state, {**metrics, "epsilon": dqn.epsilon(hp, steps)}
+        return new_state, {**metrics, "epsilon": dqn.epsilon(hp, steps)}, td_abs
+
+    def update_chunk(keys: Key, state: SPODQNState, batches: Transition, hp: dqn.DQNHParams):
+        return update_chunk_weighted(keys, state, batches, None, hp)[:2]
 
     # The plain DQN's acting functions on replica 0, with the SPO step counter for epsilon.
     def as_dqn(state: SPODQNState) -> dqn.DQNState:
@@ -219,7 +236,7 @@ def make_spo_dqn(config: SPODQNConfig, spec: EnvSpec) -> Learner:
 
     return Learner(init=init, update=None, act=lambda key, state, obs, hp: base.act(key, as_dqn(state), obs, hp),
                    policy=lambda state, obs: base.policy(as_dqn(state), obs), chunk=config.local_steps,
-                   update_chunk=update_chunk)
+                   update_chunk=update_chunk, update_chunk_weighted=update_chunk_weighted, banks=r)
 
 
 # --- SPO-TD3 -------------------------------------------------------------------------------------
@@ -271,12 +288,15 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
                            actor_opt=replicate(adam_init(actor), r), critic_opt=replicate(adam_init(critic), r),
                            target_actor=actor, target_critic=critic, steps=jnp.zeros((), jnp.int32))
 
-    def update_chunk(keys: Key, state: SPOTD3State, batches: Transition, hp: SPOTD3HParams):
-        def critic_step(critic, critic_opt, key, batch):
+    def update_chunk_weighted(keys: Key, state: SPOTD3State, batches: Transition, weights: jax.Array | None,
+                              hp: SPOTD3HParams):
+        """A round; the critic loss of sample i weighted by ``weights`` ``[H, B]`` (None: unweighted; the actor
+        loss never is); also the larger twin's ``|Q(s, a) - y|`` ``[H, B]`` from the critic phase."""
+        def critic_step(critic, critic_opt, key, batch, w):
             y = td3.target_q(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
-            (loss, q), grads = jax.value_and_grad(td3.critic_loss_fn, has_aux=True)(critic, critic_net, batch, y)
+            (loss, q), grads = jax.value_and_grad(td3.critic_loss_fn, has_aux=True)(critic, critic_net, batch, y, w)
             critic, critic_opt = adam_step(critic, grad_sync(grads, config), critic_opt, hp.critic_lr)
-            return critic, critic_opt, {"critic_loss": loss, "q_mean": q.mean()}
+            return critic, critic_opt, {"critic_loss": loss, "q_mean": q.mean(), "td_abs": jnp.abs(q - y).max(axis=0)}
 
         def actor_step(actor, actor_opt, critic, batch):
             loss, grads = jax.value_and_grad(lambda a: td3.dpg_loss(actor_net, critic_net, a, critic, batch.obs))(actor)
@@ -284,30 +304,32 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
             return actor, actor_opt, {"actor_loss": loss}
 
         if config.naive:
-            def step(carry, key, batch):
+            def step(carry, key, batch, w=None):
                 actor, critic, actor_opt, critic_opt = carry
-                critic, critic_opt, m_critic = critic_step(critic, critic_opt, key, batch)
+                critic, critic_opt, m_critic = critic_step(critic, critic_opt, key, batch, w)
                 actor, actor_opt, m_actor = actor_step(actor, actor_opt, critic, batch)  # the LOCAL critic
                 return (actor, critic, actor_opt, critic_opt), {**m_critic, **m_actor}
 
             carry = (state.actor, state.critic, state.actor_opt, state.critic_opt)
-            (actor, critic, actor_opt, critic_opt), metrics = local_steps(step, carry, keys, batches, r)
+            (actor, critic, actor_opt, critic_opt), metrics, td_abs = local_steps(step, carry, keys, batches, r,
+                                                                                  weights)
             critic, critic_opt = sync(critic, critic_opt, config)
         else:
-            def c_step(carry, key, batch):
-                critic, critic_opt, m = critic_step(*carry, key, batch)
+            def c_step(carry, key, batch, w=None):
+                critic, critic_opt, m = critic_step(*carry, key, batch, w)
                 return (critic, critic_opt), m
 
-            (critic, critic_opt), m_critic = local_steps(c_step, (state.critic, state.critic_opt), keys, batches, r)
+            (critic, critic_opt), m_critic, td_abs = local_steps(c_step, (state.critic, state.critic_opt), keys,
+                                                                 batches, r, weights)
             critic, critic_opt = sync(critic, critic_opt, config)
             averaged_critic = first(critic)
 
             def a_step(carry, key, batch):  # the same keys and batches, so the same replica slices
-                del key
+                del key  # no weights: importance weights correct the TD loss only
                 actor, actor_opt, m = actor_step(*carry, averaged_critic, batch)
                 return (actor, actor_opt), m
 
-            (actor, actor_opt), m_actor = local_steps(a_step, (state.actor, state.actor_opt), keys, batches, r)
+            (actor, actor_opt), m_actor, _ = local_steps(a_step, (state.actor, state.actor_opt), keys, batches, r)
             metrics = {**m_critic, **m_actor}
         actor, actor_opt = sync(actor, actor_opt, config)
         steps = state.steps + config.local_steps
@@ -315,7 +337,10 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
         new_state = SPOTD3State(actor=actor, critic=critic, actor_opt=actor_opt, critic_opt=critic_opt,
                                 target_actor=select(copy, first(actor), state.target_actor),
                                 target_critic=select(copy, first(critic), state.target_critic), steps=steps)
-        return new_state, metrics
+        return new_state, metrics, td_abs
+
+    def update_chunk(keys: Key, state: SPOTD3State, batches: Transition, hp: SPOTD3HParams):
+        return update_chunk_weighted(keys, state, batches, None, hp)[:2]
 
     def as_td3(state: SPOTD3State) -> td3.TD3State:
         return td3.TD3State(actor=first(state.actor), critic=None, target_actor=None, target_critic=None,
@@ -323,7 +348,7 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
 
     return Learner(init=init, update=None, act=lambda key, state, obs, hp: base.act(key, as_td3(state), obs, hp),
                    policy=lambda state, obs: base.policy(as_td3(state), obs), chunk=config.local_steps,
-                   update_chunk=update_chunk)
+                   update_chunk=update_chunk, update_chunk_weighted=update_chunk_weighted, banks=r)
 
 
 DQN_DEFINITION = LearnerDef(name="spo_dqn", config_cls=SPODQNConfig, hparams_cls=dqn.DQNHParams, make=make_spo_dqn,
