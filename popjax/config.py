@@ -95,7 +95,8 @@ class RunConfig:
         50, description="env steps per env between two compiled training calls")
     update_ratio: Float(gt=0, le=1_000) = Field(1.0, description="gradient steps per env step, per member")
     warmup_steps: Int(ge=0, le=MAX_STEPS) = Field(
-        1_000, description="env steps per member with uniform random actions and no updates")
+        1_000, description="env steps per member with uniform random actions and no updates (off-policy "
+        "learners; on-policy learners ignore it: random actions are not their policy's data)")
     batch_size: Int(ge=1, le=1_048_576) = Field(256, description="transitions per gradient step")
     buffer_size: Int(ge=1, le=INT32_MAX) = Field(
         100_000, description="replay capacity in transitions, per member (shared buffers: in total); "
@@ -193,17 +194,28 @@ def _check_run(config: RunConfig) -> None:
     if c.pop_size % c.devices:
         fail(f"{c.pop_size} members do not divide over devices={c.devices}; use a multiple of {c.devices}",
              at=("pop_size",), nested=True)
+    if LEARNERS[c.learner].on_policy and not DRIVERS[c.driver].on_policy:
+        allowed = ", ".join(name for name, d in DRIVERS.items() if d.on_policy)
+        fail(f"the {c.driver} driver trains from a replay buffer, not the on-policy learner {c.learner} "
+             f"(allowed: {allowed})", at=("driver",), nested=True)
+    if c.overlap and LEARNERS[c.learner].on_policy:  # learn never sees the snapshot that acted
+        fail(f"acting one update behind would hand the on-policy learner {c.learner} data of a policy its update "
+             "does not know (allowed: false)", at=("overlap",), nested=True)
+    if c.buffer == "prioritized" and LEARNERS[c.learner].on_policy:
+        fail(f"the on-policy learner {c.learner} keeps no replay buffer (allowed: uniform)", at=("buffer",),
+             nested=True)
     if c.buffer == "prioritized" and not DRIVERS[c.driver].prioritized_replay:
         fail(f"the {c.driver} driver has no prioritized replay (allowed: uniform)", at=("buffer",), nested=True)
     if c.per_delay != 1 and c.buffer != "prioritized":
         fail(f"only applies to buffer: prioritized, got {c.per_delay} with buffer: {c.buffer} (allowed: 1)",
              at=("per_delay",), nested=True)
-    if c.batch_size > c.buffer_size:
+    replay = not LEARNERS[c.learner].on_policy  # on-policy learners have no buffer and no warm-up
+    if replay and c.batch_size > c.buffer_size:
         fail(f"{c.batch_size} is larger than buffer_size {c.buffer_size}", at=("batch_size",), nested=True)
-    if c.steps_per_iter > c.buffer_size:
+    if replay and c.steps_per_iter > c.buffer_size:
         fail(f"{c.buffer_size} is smaller than one iteration's {c.steps_per_iter} transitions "
              "(rollout_len x envs_per_member)", at=("buffer_size",), nested=True)
-    if c.warmup_steps >= c.total_env_steps:
+    if replay and c.warmup_steps >= c.total_env_steps:
         fail(f"{c.warmup_steps} leaves no training within total_env_steps={c.total_env_steps} "
              f"(allowed: less than {c.total_env_steps})", at=("warmup_steps",), nested=True)
     updates = math.ceil(c.total_env_steps / c.steps_per_iter) * c.updates_per_iter
@@ -301,17 +313,24 @@ def _size(n: float) -> str:
     raise AssertionError
 
 
+def replay_transitions(config: RunConfig) -> int:
+    """Replay transitions the run holds in total: none for an on-policy learner (it trains on each rollout)."""
+    from popjax.drivers import DRIVERS
+    from popjax.learners import LEARNERS
+
+    return 0 if LEARNERS[config.learner].on_policy else DRIVERS[config.driver].replay_transitions(config)
+
+
 def memory_estimate(config: RunConfig, spec) -> dict[str, int]:
     """Bytes the run needs at least: ``replay`` (the replay buffers and one iteration's transitions)
     and ``evaluation`` (the envs of one evaluation, all members at once)."""
-    from popjax.drivers import DRIVERS
     from popjax.envs.registry import is_jax_env
 
     obs = 4 * math.prod(spec.obs_shape)
     row = 2 * obs + 4 * max(1, spec.action_dim) + 8  # obs, next_obs, action, reward, terminated
     if config.buffer == "prioritized":
         row += 6  # the K = 4 sum tree: one float32 leaf and a third of one in inner nodes (more with padding)
-    rows = DRIVERS[config.driver].replay_transitions(config) + config.pop_size * config.steps_per_iter
+    rows = replay_transitions(config) + config.pop_size * config.steps_per_iter
     per_env = (2 * obs + JAX_ENV_BYTES) if is_jax_env(config.env) else HOST_ENV_BYTES
     return {"replay": rows * row, "row": row, "evaluation": config.pop_size * config.eval_episodes * per_env,
             "per_env": per_env}
@@ -322,15 +341,16 @@ def check_memory(config: RunConfig, spec, memory: int | None = None) -> None:
 
     ``memory``: bytes available (default: the machine's physical memory).
     """
-    from popjax.drivers import DRIVERS
-
     memory = memory or machine_memory()
     need = memory_estimate(config, spec)
     replay, evaluation = need["replay"], need["evaluation"]
     if replay + evaluation <= memory:
         return
+    if replay >= evaluation and not replay_transitions(config):  # on-policy: one iteration's rollout
+        fail(f"one iteration's {config.pop_size} x {config.steps_per_iter} transitions ({need['row']} B each) need "
+             f"about {_size(replay)}, more than this machine's {_size(memory)} of memory", at=("rollout_len",))
     if replay >= evaluation:
-        per_unit = DRIVERS[config.driver].replay_transitions(config) / config.buffer_size
+        per_unit = replay_transitions(config) / config.buffer_size
         most = max(0, int((memory - evaluation) / need["row"] / per_unit) - config.steps_per_iter)
         buffers = round(per_unit)
         what = (f"{buffers} replay buffers of {config.buffer_size} transitions" if buffers > 1

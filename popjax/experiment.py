@@ -56,7 +56,7 @@ def build(config: RunConfig) -> Loop:
         spec = registry.env_spec(config.env)
     except ValueError as err:
         raise ConfigError(f"env: {err}") from None
-    if (definition.action_kind == "discrete") != spec.discrete:
+    if definition.action_kind != "any" and (definition.action_kind == "discrete") != spec.discrete:
         raise ConfigError(f"env: {config.learner} needs {definition.action_kind} actions but {config.env} has "
                           f"{spec.describe_actions()}")
     check_memory(config, spec)  # replay buffers and evaluation batch, before anything is allocated

@@ -20,6 +20,11 @@ translated into popjax's units:
   updates diverges, measured).
 - The zoo's ``n_timesteps`` is the default budget (``total_env_steps``, per member).
 
+- PPO and A2C: ``n_envs`` is ``envs_per_member``, ``n_steps`` is ``rollout_len``; PPO's ``batch_size`` (the
+  minibatch) becomes ``minibatches = n_envs * n_steps / batch_size`` and ``n_epochs`` is ``epochs``. The zoo's
+  linear schedules of the learning rate and clip range are not reproduced (constant values), and popjax's A2C
+  uses Adam where SB3's uses RMSProp.
+
 brax and probe envs have no published table: they use the library defaults.
 """
 
@@ -56,6 +61,15 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
         "rollout_len": 256, "update_ratio": 0.5,
         "hparams": {"lr": 2.3e-3, "discount": 0.99, "epsilon_end": 0.04, "epsilon_decay_steps": 4_000},
         "learner_config": {"hidden": [256, 256], "target_update_period": 128}},
+    # zoo ppo.yml CartPole-v1: 8 envs x 32 steps, minibatch 256, 20 epochs, lr 1e-3 and clip 0.2 (both linearly
+    # decayed there), gamma 0.98, lambda 0.8, no entropy bonus, 1e5 steps
+    ("ppo", "gym:CartPole-v1"): {
+        "total_env_steps": 100_000, "envs_per_member": 8, "rollout_len": 32,
+        "hparams": {"lr": 1e-3, "clip": 0.2, "discount": 0.98, "gae_lambda": 0.8, "ent_coef": 0.0},
+        "learner_config": {"epochs": 20, "minibatches": 1}},
+    # zoo a2c.yml CartPole-v1: 8 envs, no entropy bonus, 5e5 steps (SB3 defaults otherwise: 5 steps, lr 7e-4)
+    ("a2c", "gym:CartPole-v1"): {
+        "total_env_steps": 500_000, "envs_per_member": 8, "rollout_len": 5, "hparams": {"ent_coef": 0.0}},
 }
 PRESET_MODES = ("auto", "none")
 MERGED = ("hparams", "learner_config")  # merged key by key; other options are replaced whole

@@ -19,7 +19,7 @@ def run_cli(argv, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--learner", "ppo2"], f"learner: 'ppo2' unknown (allowed: {', '.join(LEARNERS)})"),
+        (["--learner", "ppo3"], f"learner: 'ppo3' unknown (allowed: {', '.join(LEARNERS)})"),
         (["--env", "gym:NoSuchEnv-v0"], "env:"),
         (["--env", "atari:Pong"], "prefix 'atari' unknown; allowed: gym, brax, probe"),
         (["--env", "brax:nope"], "allowed brax names"),

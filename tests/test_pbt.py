@@ -218,7 +218,7 @@ def test_search_spaces_match_the_learners_hparams():
     ({"fitness_window": 1.5}, "pbt.fitness_window: expected an integer in [1, 1000], got 1.5"),
     ({"copy_buffer": "yes"}, "pbt.copy_buffer: expected true or false"),
     ({"interval": 0}, "pbt.interval: must lie in [1, 1073741824], got 0"),
-    ({"search_space": "ppo"}, "pbt.search_space: 'ppo' unknown (allowed: td3, sac, sac_code, dqn"),
+    ({"search_space": "ppo3"}, "pbt.search_space: 'ppo3' unknown (allowed: td3, sac, sac_code, dqn"),
     ({"search_space": {"lr": {"low": 1e-4, "high": 1e-3}}}, "pbt.search_space.lr: unknown hparam (allowed: actor_lr"),
     ({"search_space": {"actor_lr": {"low": 0, "high": 1e-3, "log": True}}},
      "pbt.search_space.actor_lr.low: a log-uniform range needs low > 0, got 0"),

@@ -41,7 +41,7 @@ def filled_population(learner, pop_size=POP):
                        reward=jax.random.normal(k[2], (pop_size, n)),
                        next_obs=jax.random.normal(k[3], (pop_size, n, 3)),
                        terminated=(jnp.arange(pop_size * n).reshape(pop_size, n) % 7 == 0).astype(jnp.float32))
-    return population, state, Experience(items, jnp.zeros(pop_size), jnp.zeros(pop_size)), buffer
+    return population, state, Experience(items, jnp.zeros(pop_size), jnp.zeros(pop_size), items.terminated > 0), buffer
 
 
 def test_population_train_equals_each_member_trained_alone():

@@ -20,6 +20,13 @@ relaxation as the write delay. Writes go through the buffer's delay FIFO
 (``per_delay`` D: step t's write lands just before step t + D samples; pending writes are carried across
 iterations in the buffer state).
 
+On-policy learners (``LearnerDef.on_policy``: PPO, A2C) keep no buffer (``buffer`` is None) and take no
+warm-up (``warmup_steps`` is ignored: random actions are not their policy's data). ``learn`` reshapes the
+iteration's experience ``[pop, T * envs, ...]`` (time-major within a member) into a
+``Trajectory [pop, T, envs, ...]`` and calls the vmapped ``update_rollout`` once, with the state itself as
+the behaviour state (the policy that acted in this iteration is the current one); the update counter
+advances by the learner's ``rollout_updates``.
+
 ``make_population`` builds these functions for any state with the fields of ``PopState``;
 PBT reuses them.
 """
@@ -47,7 +54,7 @@ from popjax.drivers.base import (
 )
 from popjax.envs.runner import Experience
 from popjax.learners.base import chunk_update
-from popjax.types import EnvSpec, Key, dummy_transition
+from popjax.types import EnvSpec, Key, Trajectory, dummy_transition
 
 
 @struct.dataclass
@@ -55,7 +62,7 @@ class PopState:
     """Per-member learner states, replay buffers and hparams (member axis 0), and the counters."""
 
     learner: Any
-    buffer: BufferState  # or a PrioritizedBufferState
+    buffer: BufferState | None  # or a PrioritizedBufferState; None for on-policy learners
     hparams: Any
     counters: Counters
 
@@ -73,6 +80,8 @@ def random_actions(spec: EnvSpec, key: Key, obs: jax.Array) -> jax.Array:
 def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AXES) -> Driver:
     """The independent population's functions, for ``state_cls`` (``PopState`` or one extending its fields)."""
     learner, spec, members, cfg = ctx.learner, ctx.spec, ctx.members, ctx.config
+    if ctx.learner_def.on_policy:
+        return _on_policy_population(ctx, state_cls, member_axes)
     prioritized = cfg.buffer == "prioritized"
     chunked_per = prioritized and learner.update_chunk_weighted is not None
     if prioritized and learner.update_weighted is None and not chunked_per:
@@ -199,4 +208,56 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
                   acting_view=lambda state: state.replace(buffer=None), maintenance=maintenance)
 
 
-DEFINITION = DriverDef(name="independent", build=lambda ctx, options: make_population(ctx), prioritized_replay=True)
+def _trajectory(experience: Experience, rollout: Rollout) -> Trajectory:
+    """``Experience [pop, T * envs, ...]`` (time-major within a member) as a ``Trajectory [pop, T, envs, ...]``."""
+    split = lambda x: x.reshape((x.shape[0], rollout.steps, rollout.envs_per_member) + x.shape[2:])
+    return Trajectory(jax.tree.map(split, experience.transitions), split(experience.ended))
+
+
+def _on_policy_population(ctx: BuildContext, state_cls, member_axes) -> Driver:
+    """The independent population of an on-policy learner: no buffer, no warm-up, one ``update_rollout``."""
+    learner, members, cfg = ctx.learner, ctx.members, ctx.config
+    rollout = Rollout(cfg.rollout_len, cfg.envs_per_member)
+    _check_rollout_shape(ctx, rollout)
+
+    def init(key: Key, **extra) -> Any:
+        hparams = members.take(ctx.hparams)
+        learner_state = jax.vmap(learner.init)(members.keys(key), hparams)
+        return state_cls(learner=learner_state, buffer=None, hparams=hparams, counters=Counters.zeros(), **extra)
+
+    def act(key: Key, state, obs: jax.Array) -> jax.Array:
+        return jax.vmap(learner.act)(members.keys(key), state.learner, obs, state.hparams)
+
+    def learn(key: Key, state, experience: Experience):
+        """One on-policy update per member on this iteration's rollout, acted by the state itself."""
+        trajectory = _trajectory(experience, rollout)
+        learner_state, metrics = jax.vmap(learner.update_rollout)(members.keys(key), state.learner, trajectory,
+                                                                  state.hparams, state.learner)
+        counters = state.counters.advance(rollout.steps_per_member, learner.rollout_updates)
+        return state.replace(learner=learner_state, counters=counters), metrics
+
+    def policy(state, obs: jax.Array) -> jax.Array:
+        return jax.vmap(learner.policy)(state.learner, obs)
+
+    return Driver(init=init, interaction=rollout, act=act, learn=learn, evaluation=Episodes(cfg.eval_episodes),
+                  policy=policy, member_axes=member_axes, host=DriverHost(lambda state: state.hparams))
+
+
+def _check_rollout_shape(ctx: BuildContext, rollout: Rollout) -> None:
+    """Traces one member's ``update_rollout`` on the rollout's shapes (nothing is computed), so a shape the
+    learner refuses (PPO: minibatches that do not divide the rollout) is a ``ConfigError`` before the run starts."""
+    learner, spec = ctx.learner, ctx.spec
+    key = jax.random.key(0)
+    hparams = jax.tree.map(lambda x: x[0], ctx.hparams)
+    state = jax.eval_shape(learner.init, key, hparams)
+    steps = lambda x: jnp.zeros((rollout.steps, rollout.envs_per_member) + x.shape, x.dtype)
+    trajectory = Trajectory(jax.tree.map(steps, dummy_transition(spec)),
+                            jnp.zeros((rollout.steps, rollout.envs_per_member), bool))
+    try:
+        jax.eval_shape(learner.update_rollout, key, state, trajectory, hparams, state)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+DEFINITION = DriverDef(name="independent", build=lambda ctx, options: make_population(ctx), prioritized_replay=True,
+                       on_policy=True)

@@ -429,4 +429,5 @@ def pbt_run_plots(run_dir) -> list:
     return written
 
 
-DEFINITION = DriverDef(name="pbt", build=build, options=PBTOptions, plots=pbt_run_plots, prioritized_replay=True)
+DEFINITION = DriverDef(name="pbt", build=build, options=PBTOptions, plots=pbt_run_plots, prioritized_replay=True,
+                       on_policy=True)

@@ -35,6 +35,9 @@ class Experience(NamedTuple):
     transitions: Transition  # [members, T * envs_per_member, ...]
     finished_return: Any  # [members] summed returns of the episodes that ended during the rollout
     finished_episodes: Any  # [members] number of episodes that ended
+    # [members, T * envs_per_member] bool: the env's episode ended at this step (terminated or truncated, so the
+    # env was reset and the next step starts a new episode); on-policy learners cut their returns there.
+    ended: Any
 
 
 class EpisodeBatch(NamedTuple):
@@ -85,12 +88,13 @@ class JaxRunner:
             action = act(key_act, t, actor, obs).reshape((-1,) + spec.action_shape)
             new_env_state, out = self.vec_env.step(jax.random.fold_in(key_env, t), env_state, action)
             transition = Transition(env_state.obs, action, out.reward, out.next_obs, out.terminated)
-            return new_env_state, (transition, out.finished_return, out.done.astype(jnp.float32))
+            return new_env_state, (transition, out.finished_return, out.done)
 
         env_state, (transitions, returns, dones) = jax.lax.scan(env_step, env_state, jnp.arange(steps))
         per_member = lambda x: population_layout(x, m).sum(axis=1)
         experience = Experience(jax.tree.map(lambda x: population_layout(x, m), transitions),
-                                per_member(returns), per_member(dones))
+                                per_member(returns), per_member(dones.astype(jnp.float32)),
+                                population_layout(dones, m))
         return env_state, experience
 
     def episodes(self, key: Key, act: Callable, actor, actor_ids: jax.Array, episodes: int) -> EpisodeBatch:
@@ -166,7 +170,7 @@ class HostRunner:
         spec, m = self.spec, self.num_members
         shape = (m, self.envs_per_member)
         n = m * self.envs_per_member
-        steps_taken = []
+        steps_taken, ended = [], []
         returns, dones = np.zeros(n, np.float64), np.zeros(n, np.float64)
         for t in range(steps):
             obs = self.env.obs
@@ -174,11 +178,13 @@ class HostRunner:
             action = action.reshape((n,) + spec.action_shape)
             out = self.env.step(action)
             steps_taken.append(Transition(obs, action, out.reward, out.next_obs, out.terminated))
+            ended.append(np.asarray(out.done, bool))
             returns += out.finished_return
             dones += out.done
         self._freshly_reset = False
         transitions = jax.tree.map(lambda *xs: population_layout(np.stack(xs), m), *steps_taken)
-        return None, Experience(transitions, returns.reshape(shape).sum(1), dones.reshape(shape).sum(1))
+        return None, Experience(transitions, returns.reshape(shape).sum(1), dones.reshape(shape).sum(1),
+                                population_layout(np.stack(ended), m))
 
     def episodes(self, key: Key, act: Callable, actor, actor_ids, episodes: int) -> EpisodeBatch:
         """One episode in each training env (``len(actor_ids) * episodes`` of them), recorded."""

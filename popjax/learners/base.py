@@ -52,7 +52,9 @@ class Learner(NamedTuple):
     whose policy collected the trajectory: the state itself for a synchronous loop, the previous one
     under a one-step lag (HTS-RL), where the learner corrects for the lag (A2C: the gradient at the
     behaviour parameters applied to the current ones; PPO: old log-probabilities from ``behaviour``).
-    Such a learner keeps no replay buffer; its ``LearnerDef.on_policy`` is True.
+    Such a learner keeps no replay buffer; its ``LearnerDef.on_policy`` is True. ``rollout_updates`` is
+    the number of gradient steps one ``update_rollout`` makes (PPO: epochs x minibatches; A2C: 1), what
+    drivers add to ``Counters.updates``.
 
     Optional, for rare state changes outside the K-step scan (RLx2's topology steps): ``maintain(key, state,
     batch, hparams) -> (state, metrics)``, which drivers run as their own compiled call (``Maintenance``) every
@@ -70,6 +72,7 @@ class Learner(NamedTuple):
     update_chunk_weighted: Callable[[Key, Any, Transition, jax.Array, Any],
                                     tuple[Any, Metrics, jax.Array]] | None = None
     banks: int = 1
+    rollout_updates: int = 1
     maintain: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
     maintain_every: int = 0
 
@@ -116,7 +119,7 @@ class LearnerDef:
     hparams_cls: type
     make: Callable[[Any, EnvSpec], Learner]
     default_hparams: Callable[[Any], Any]
-    action_kind: str  # "continuous" or "discrete"
+    action_kind: str  # "continuous", "discrete" or "any" (both: the action head follows the env)
     # (config, initial hparams [pop], updates per call K, hparams a driver may change) -> config: a learner
     # may fix a static setting the run allows (TD3: a policy delay no member will change).
     specialize: Callable[[Any, Any, int, frozenset[str]], Any] | None = None

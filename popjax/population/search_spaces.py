@@ -63,12 +63,24 @@ SEARCH_SPACES: dict[str, dict[str, dict[str, Any]]] = {
         "epsilon_end": {"low": 0.01, "high": 0.2},
         "epsilon_decay_steps": {"low": 1_000.0, "high": 50_000.0, "log": True},
     },
+    # popjax choice (no paper values): around the CleanRL PPO and SB3 A2C defaults.
+    "ppo": {
+        "lr": {"low": 3e-5, "high": 3e-3, "log": True},
+        "ent_coef": {"low": 1e-4, "high": 0.1, "log": True},
+        "clip": {"low": 0.05, "high": 0.4},
+        "gae_lambda": {"low": 0.8, "high": 1.0},
+    },
+    "a2c": {
+        "lr": {"low": 1e-4, "high": 3e-3, "log": True},
+        "ent_coef": {"low": 1e-4, "high": 0.1, "log": True},
+        "gae_lambda": {"low": 0.8, "high": 1.0},
+    },
 }
 
 
 def get_search_space(space: str | Mapping[str, Any], hparam_names: tuple[str, ...] | None = None
                      ) -> dict[str, Range]:
-    """Resolves a space name (``td3``, ``sac``, ``sac_code``, ``dqn``) or a dict into Ranges.
+    """Resolves a space name (a key of ``SEARCH_SPACES``) or a dict into Ranges.
 
     Args:
       space: a name from ``SEARCH_SPACES`` or ``{hparam: {low, high, log?, integer?}}``.

@@ -1,0 +1,70 @@
+"""A2C, the synchronous advantage actor-critic (Mnih et al. 2016), as a pure single-member on-policy learner.
+
+One gradient step per rollout on ``-log pi(a|s) A + vf_coef * 0.5 (V - R)^2 - ent_coef * H`` with GAE
+advantages (``gae_lambda = 1`` gives the paper's n-step returns, bootstrapped at the end of the rollout).
+The gradient is evaluated at the **behaviour** parameters (the policy that collected the trajectory) and
+applied to the **current** ones: ``theta_{j+1} = theta_j + eta grad J(theta_{j-1}; D(theta_{j-1}))``
+(Liu et al. 2020, HTS-RL, Eq. 6), which is plain A2C when the two are the same state (a synchronous loop).
+
+Optimizer: Adam with a traced learning rate (popjax choice, as the PPO learner; Mnih et al. and Liu et al.
+used RMSProp). Defaults: Stable-Baselines3 A2C (lr 7e-4, gamma 0.99, lambda 1, entropy 0, value 0.5,
+max grad norm 0.5), except an entropy coefficient of 0.01 (Mnih et al. 2016; Liu et al. 2020, Table A3).
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import struct
+from pydantic import Field
+
+from popjax import schema
+from popjax.learners import onpolicy
+from popjax.learners.base import Hidden, Learner, LearnerDef, adam_step, scalar
+from popjax.population.hparams import hparam
+from popjax.types import EnvSpec, Key, Trajectory
+
+
+@schema.dataclass
+class A2CConfig:
+    hidden: Hidden = Field((64, 64), description="hidden layer sizes of the actor and of the critic (tanh)")
+    normalize_advantages: schema.Bool = Field(False, description="normalize the advantages of each rollout")
+
+
+@struct.dataclass
+class A2CHParams:
+    lr: jax.Array = hparam("Adam learning rate", gt=0, le=1)
+    discount: jax.Array = hparam("discount factor gamma", ge=0, le=1)
+    gae_lambda: jax.Array = hparam("GAE lambda (1: n-step returns)", ge=0, le=1)
+    ent_coef: jax.Array = hparam("entropy bonus coefficient", ge=0, le=100)
+    vf_coef: jax.Array = hparam("value loss coefficient", ge=0, le=100)
+    max_grad_norm: jax.Array = hparam("global gradient norm clip", gt=0)
+
+
+def default_hparams(config: A2CConfig | None = None) -> A2CHParams:
+    del config
+    return A2CHParams(lr=scalar(7e-4), discount=scalar(0.99), gae_lambda=scalar(1.0), ent_coef=scalar(0.01),
+                      vf_coef=scalar(0.5), max_grad_norm=scalar(0.5))
+
+
+def make_a2c(config: A2CConfig, spec: EnvSpec) -> Learner:
+    net = onpolicy.network(config.hidden, spec)
+
+    def init(key: Key, hparams: A2CHParams) -> onpolicy.OnPolicyState:
+        del hparams
+        return onpolicy.init_state(net, spec, key)
+
+    def update_rollout(key: Key, state: onpolicy.OnPolicyState, trajectory: Trajectory, hp: A2CHParams, behaviour):
+        del key  # deterministic
+        batch = onpolicy.behaviour_batch(net, behaviour.params, trajectory, hp.discount, hp.gae_lambda)
+        grads, metrics = jax.grad(onpolicy.a2c_loss, has_aux=True)(behaviour.params, net, batch, hp.ent_coef,
+                                                                   hp.vf_coef, config.normalize_advantages)
+        grads, metrics["grad_norm"] = onpolicy.clip_by_global_norm(grads, hp.max_grad_norm)
+        params, opt = adam_step(state.params, grads, state.opt, hp.lr)
+        return onpolicy.OnPolicyState(params=params, opt=opt, steps=state.steps + 1), metrics
+
+    act, policy = onpolicy.acting(net)
+    return Learner(init=init, update=None, act=act, policy=policy, update_rollout=update_rollout, rollout_updates=1)
+
+
+DEFINITION = LearnerDef(name="a2c", config_cls=A2CConfig, hparams_cls=A2CHParams, make=make_a2c,
+                        default_hparams=default_hparams, action_kind="any", on_policy=True)
