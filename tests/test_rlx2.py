@@ -29,7 +29,7 @@ SPEC = SPECS["continuous"]
 
 def make(**overrides):
     config = rlx2.RLx2TD3Config(**{"hidden": (32, 32), "batch_size": 16, "dst_interval": 10, "dst_end": 100,
-                                   **overrides})
+                                   "n_step": 1, **overrides})
     return rlx2.make_rlx2_td3(config, SPEC), config
 
 
@@ -189,8 +189,10 @@ def test_a_changed_sparsity_redraws_masks_of_the_new_size_at_the_next_topology_s
 
 
 RUN = dict(learner="rlx2_td3", env="probe:pendulum", pop_size=2, total_env_steps=400, warmup_steps=100,
-           rollout_len=20, eval_interval=200, eval_episodes=1, batch_size=16, buffer_size=1000, progress=False,
-           learner_config={"hidden": [16, 16], "dst_interval": 40, "dst_end": 300},  # not from the (cut) total
+           rollout_len=10, envs_per_member=2, eval_interval=200, eval_episodes=1, batch_size=16, buffer_size=1000,
+           progress=False,
+           # dst_end and T0 given: not from the (cut) total; n = 3 from update 100 on, inside the runs
+           learner_config={"hidden": [16, 16], "dst_interval": 40, "dst_end": 300, "n_step_start": 100},
            hparams={"actor_sparsity": [0.6, 0.9], "critic_sparsity": 0.8})
 
 
@@ -228,6 +230,9 @@ def test_pbt_exploits_keep_exact_masks(tmp_path):
     ({"learner_config": {"dst_interval": 2.5}}, "learner_config.dst_interval"),
     ({"learner_config": {"dst_interval": 5}}, "learner_config.dst_interval"),  # shorter than K = 20 updates
     ({"env": "probe:cartpole"}, "env: rlx2_td3 needs continuous actions"),
+    ({"learner_config": {"n_step": 0}}, "learner_config.n_step"),
+    ({"learner_config": {"n_step": 500}}, "learner_config.n_step: 500 is longer than the episode limit"),
+    ({"buffer_size": 999}, "buffer_size: multi-step windows"),
 ])
 def test_bad_input_is_one_line_naming_the_field(change, field, tmp_path):
     options = {**RUN, **change}
@@ -262,3 +267,50 @@ def test_costs_against_hand_counts():  # U8 through the learner: sizes and FLOPs
     dense_train = 16 * (f_actor + 8 * f_q) + 16 * (3 * f_actor + f_q) / 2
     assert costs["train_flops"][0] * costs["train_flops_reduction"][0] == pytest.approx(dense_train)
     assert costs["inference_flops_reduction"][1] > 5
+
+
+def test_multi_step_target_by_hand():  # U6: termination and truncation inside the window, and n = 1 before T0
+    actor, critic = td3.DeterministicActor((8,), SPEC.action_dim), td3.TwinCritic((8,))
+    key_init = jax.random.split(jax.random.key(0))
+    ta = actor.init(key_init[0], jnp.zeros((1, 3)))
+    tc = critic.init(key_init[1], jnp.zeros((1, 3)), jnp.zeros((1, 2)))
+    hp = with_values(rlx2.default_hparams(), discount=0.5)
+    obs = jax.random.normal(jax.random.key(1), (4, 3, 3))
+    next_obs = jax.random.normal(jax.random.key(2), (4, 3, 3))
+    reward = jnp.broadcast_to(jnp.asarray([1.0, 2.0, 4.0]), (4, 3))
+    # row 0: no end; row 1: truncated at step 1; row 2: terminated at step 1; row 3: terminated at step 0
+    ended = jnp.asarray([[0, 0, 0], [0, 1, 0], [0, 1, 0], [1, 0, 0]], bool)
+    terminated = jnp.asarray([[0, 0, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0]], jnp.float32)
+    windows = rlx2.Windows(td3.Transition(obs=obs, action=jnp.zeros((4, 3, 2)), reward=reward, next_obs=next_obs,
+                                          terminated=terminated), ended)
+    key = jax.random.key(3)
+
+    def bootstrap(step_per_row):  # Q'(s'_k, noisy pi'(s'_k)) of each row's step k, with the target's noise draw
+        rows = td3.Transition(obs=obs[jnp.arange(4), step_per_row], action=jnp.zeros((4, 2)),
+                              reward=jnp.zeros(4), next_obs=next_obs[jnp.arange(4), step_per_row],
+                              terminated=jnp.zeros(4))
+        return np.asarray(td3.target_q(key, actor, critic, ta, tc, rows, with_values(hp, discount=1.0)))
+
+    q = bootstrap(jnp.asarray([2, 1, 1, 0]))
+    want = [1 + 0.5 * 2 + 0.25 * 4 + 0.125 * q[0], 1 + 0.5 * 2 + 0.25 * q[1], 1 + 0.5 * 2, 1.0]
+    got = rlx2.multi_step_target(key, actor, critic, ta, tc, windows, hp, jnp.int32(3))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    q0 = bootstrap(jnp.zeros(4, jnp.int32))
+    want_one = [1 + 0.5 * q0[0], 1 + 0.5 * q0[1], 1 + 0.5 * q0[2], 1.0]
+    np.testing.assert_allclose(rlx2.multi_step_target(key, actor, critic, ta, tc, windows, hp, jnp.int32(1)),
+                               want_one, rtol=1e-6)
+
+
+def test_windows_are_consecutive_steps_of_one_env_and_never_cross_the_write_position():
+    from popjax.buffers import make_uniform_buffer, sample_windows
+    envs, capacity = 2, 12
+    buffer = make_uniform_buffer(capacity, 4)
+    state = buffer.init(jnp.zeros((2,), jnp.int32))  # rows hold (t, env)
+    for t0 in range(0, 10, 2):  # 5 adds of 2 steps x 2 envs: 20 rows into 12, so the ring has wrapped
+        t = jnp.repeat(jnp.arange(t0, t0 + 2), envs)
+        state = buffer.add(state, jnp.stack([t, jnp.tile(jnp.arange(envs), 2)], axis=1))
+    windows = np.asarray(sample_windows(jax.random.key(0), state, 4000, 3, envs))
+    assert windows.shape == (4000, 3, 2)
+    assert (windows[:, :, 1] == windows[:, :1, 1]).all()  # one env per window
+    assert (np.diff(windows[:, :, 0], axis=1) == 1).all()  # consecutive steps
+    assert windows[:, 0, 0].min() == 4 and windows[:, -1, 0].max() == 9  # only the 12 newest rows (t 4..9)

@@ -6,7 +6,7 @@ from popjax.buffers.prioritized import (
     make_prioritized_buffer,
     per_hyperparams,
 )
-from popjax.buffers.uniform import Buffer, BufferState, make_uniform_buffer
+from popjax.buffers.uniform import Buffer, BufferState, make_uniform_buffer, sample_windows
 
 __all__ = [
     "Buffer",
@@ -18,4 +18,5 @@ __all__ = [
     "make_prioritized_buffer",
     "make_uniform_buffer",
     "per_hyperparams",
+    "sample_windows",
 ]

@@ -66,3 +66,18 @@ def make_uniform_buffer(capacity: int, batch_size: int) -> Buffer:
         return state.size >= batch_size
 
     return Buffer(init, add, sample, can_sample, capacity, batch_size)
+
+
+def sample_windows(key: Key, state: BufferState, batch_size: int, length: int, stride: int) -> PyTree:
+    """``batch_size`` windows of ``length`` rows ``start, start + stride, ...``: leaves ``[batch_size, length, ...]``.
+
+    With rows added time-major for ``stride`` envs (row ``t * stride + e``) and a capacity that is a multiple of
+    ``stride``, a window is ``length`` consecutive steps of one env. Starts are uniform over the valid rows whose
+    whole window is valid (oldest first, so a window never runs into rows not yet written or overwritten).
+    """
+    capacity = jax.tree.leaves(state.data)[0].shape[0]
+    span = (length - 1) * stride
+    oldest = (state.insert_pos - state.size) % capacity
+    start = oldest + jax.random.randint(key, (batch_size,), 0, jnp.maximum(state.size - span, 1))
+    rows = (start[:, None] + stride * jnp.arange(length)) % capacity
+    return jax.tree.map(lambda buf: buf[rows], state.data)

@@ -39,7 +39,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from popjax.buffers import BufferState, make_prioritized_buffer, make_uniform_buffer, per_hyperparams
+from popjax.buffers import (
+    BufferState,
+    make_prioritized_buffer,
+    make_uniform_buffer,
+    per_hyperparams,
+    sample_windows,
+)
 from popjax.config import ConfigError
 from popjax.drivers.base import (
     BuildContext,
@@ -54,7 +60,7 @@ from popjax.drivers.base import (
 )
 from popjax.envs.runner import Experience
 from popjax.learners.base import chunk_update
-from popjax.types import EnvSpec, Key, Trajectory, dummy_transition
+from popjax.types import EnvSpec, Key, Trajectory, Windows, dummy_transition
 
 
 @struct.dataclass
@@ -96,12 +102,20 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
     buffer = (make_prioritized_buffer(cfg.buffer_size, cfg.batch_size, banks=banks, delay=cfg.per_delay)
               if prioritized
               else make_uniform_buffer(cfg.buffer_size, cfg.batch_size))
-    new_buffer = ((lambda: buffer.init(dummy_transition(spec), per_hyperparams(cfg.per_alpha, cfg.per_beta,
-                                                                               cfg.per_eps)))
-                  if prioritized else (lambda: buffer.init(dummy_transition(spec))))
+    window = learner.window
+    if window > 1 and (prioritized or cfg.buffer_size % cfg.envs_per_member):
+        raise ConfigError(f"buffer_size: multi-step windows need a uniform buffer whose size is a multiple of "
+                          f"envs_per_member ({cfg.envs_per_member}), got {cfg.buffer_size} ({cfg.buffer})")
+    # Multi-step learners read windows of one env's consecutive rows, so rows keep their episode-end flags.
+    row = (dummy_transition(spec), jnp.zeros((), bool)) if window > 1 else dummy_transition(spec)
+    new_buffer = ((lambda: buffer.init(row, per_hyperparams(cfg.per_alpha, cfg.per_beta, cfg.per_eps)))
+                  if prioritized else (lambda: buffer.init(row)))
     rollout = Rollout(cfg.rollout_len, cfg.envs_per_member)
     k, chunk = cfg.updates_per_iter, learner.chunk
-    v_sample = jax.vmap(buffer.sample)
+    if window > 1:
+        v_sample = jax.vmap(lambda k_, b: Windows(*sample_windows(k_, b, cfg.batch_size, window, cfg.envs_per_member)))
+    else:
+        v_sample = jax.vmap(buffer.sample)
     # A chunk of consecutive updates per member (keys [chunk], batches [chunk, B, ...]): vmapped over members.
     v_chunk = jax.vmap(chunk_update(learner), in_axes=(1, 0, 1, 0))
 
@@ -178,7 +192,8 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
     def learn(key: Key, state, experience: Experience):
         """Adds the rollout to each member's buffer, then trains (after warm-up)."""
         warm = warming_up(state)
-        state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, experience.transitions))
+        rows = (experience.transitions, experience.ended) if window > 1 else experience.transitions
+        state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, rows))
         if prioritized:
             (learner_state, buffers), metrics = train_unless(
                 warm, train_prioritized_chunks if chunked_per else train_prioritized, key, state,

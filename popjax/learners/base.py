@@ -59,6 +59,9 @@ class Learner(NamedTuple):
     Optional, for rare state changes outside the K-step scan (RLx2's topology steps): ``maintain(key, state,
     batch, hparams) -> (state, metrics)``, which drivers run as their own compiled call (``Maintenance``) every
     ``maintain_every`` updates, on a freshly sampled batch.
+
+    ``window`` > 1: the learner's batches are ``popjax.types.Windows`` of that many consecutive transitions of
+    one env (multi-step targets) instead of transitions.
     """
 
     init: Callable[[Key, Any], Any]
@@ -75,6 +78,7 @@ class Learner(NamedTuple):
     rollout_updates: int = 1
     maintain: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
     maintain_every: int = 0
+    window: int = 1
 
 
 def chunk_update(learner: Learner) -> Callable:

@@ -18,6 +18,11 @@ with the cosine-annealed fraction, and takes no optimizer step. The critic evolv
 ``policy_delay``-th call (its counter counts actor updates), neither after ``dst_end``. A member whose sparsity
 hyperparameter changed (PBT explore) gets magnitude masks of its new sizes at that call instead.
 
+Delayed multi-step target: 1-step TD3 targets for the first ``n_step_start`` (T0) critic updates, then the
+uncorrected ``n_step``-step target (no importance weights): rewards summed up to the first episode end inside the
+window, no bootstrap past a termination, a bootstrap from the truncating step's ``next_obs``. The learner declares
+``window = n_step``, so drivers sample windows of one env's consecutive transitions from the buffer.
+
 popjax deviations, documented: the topology step is an extra iteration after the ``dst_interval``-th update
 rather than replacing that update's optimizer step, and it masks the targets with the new masks at once. The
 dense baseline is the ``td3`` learner, and "Tiny" is ``td3`` with ``tiny_hidden`` units.
@@ -25,6 +30,7 @@ dense baseline is the ``td3`` learner, and "Tiny" is ``td3`` with ``tiny_hidden`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -39,7 +45,7 @@ from popjax.learners import td3
 from popjax.learners.base import Learner, LearnerDef, adam_step, scalar
 from popjax.networks import sparse
 from popjax.population.hparams import hparam
-from popjax.types import EnvSpec, Key, PyTree, Transition
+from popjax.types import EnvSpec, Key, PyTree, Transition, Windows
 
 
 # --- config and hyperparameters ------------------------------------------------------------------
@@ -53,6 +59,10 @@ class RLx2TD3Config(td3.TD3Config):
         None, description="updates after which the topology stops evolving (default: the run's training updates)")
     forbid_regrow: schema.Bool = Field(False, description="never regrow a link in the step that dropped it (the "
                                                           "paper's Alg. 2; the released code allows it)")
+    n_step: schema.Int(ge=1, le=1_000) = Field(3, description="steps n of the delayed multi-step TD target")
+    n_step_start: schema.Int(ge=0, le=2_000_000_000) | None = Field(
+        None, description="critic updates with 1-step targets before n-step ones (T0; default: a tenth of the run's "
+                          "training updates, the paper's 3e5 of 3e6)")
     init_mask: schema.OneOf(("magnitude", "random")) = Field(
         "magnitude", description="initial support: largest |w| of the dense init (released code) or random")
     total_env_steps: schema.Int(ge=1) = Field(20_000, description="the run's total_env_steps")
@@ -65,6 +75,11 @@ class RLx2TD3Config(td3.TD3Config):
         if self.dst_end is not None:
             return self.dst_end
         return max(1, math.floor((self.total_env_steps - self.warmup_steps) * self.update_ratio))
+
+    @property
+    def multi_step_start(self) -> int:
+        """``n_step_start``, or a tenth of the run's training updates."""
+        return self.n_step_start if self.n_step_start is not None else self.evolution_end // 10
 
 
 @struct.dataclass
@@ -112,10 +127,20 @@ def masked(step, mask: PyTree):
     return run
 
 
-def masked_steps(state: RLx2TD3State) -> td3.TD3Steps:
-    return td3.TD3Steps(critic=masked(adam_step, state.critic_mask), actor=masked(adam_step, state.actor_mask),
-                        critic_targets=lambda t: sparse.apply_masks(t, state.critic_mask),
-                        actor_targets=lambda t: sparse.apply_masks(t, state.actor_mask))
+def rlx2_steps(state: RLx2TD3State, config: RLx2TD3Config) -> td3.TD3Steps:
+    """TD3's update with masked steps and targets and, for ``n_step`` > 1, the delayed multi-step target."""
+    steps = td3.TD3Steps(critic=masked(adam_step, state.critic_mask), actor=masked(adam_step, state.actor_mask),
+                         critic_targets=lambda t: sparse.apply_masks(t, state.critic_mask),
+                         actor_targets=lambda t: sparse.apply_masks(t, state.actor_mask))
+    if config.n_step == 1:
+        return steps
+    # Multi-step from T0 critic updates on (the counter of the update being made: steps before it).
+    used = jnp.where(state.td3.steps >= config.multi_step_start, config.n_step, 1)
+
+    def target(key, actor_net, critic_net, target_actor, target_critic, windows, hp):
+        return multi_step_target(key, actor_net, critic_net, target_actor, target_critic, windows, hp, used)
+
+    return dataclasses.replace(steps, target=target, sample=Windows.first)
 
 
 def tiny_hidden(obs_dim: int, action_dim: int, layers: int, sparsity: float) -> int:
@@ -130,6 +155,29 @@ def tiny_hidden(obs_dim: int, action_dim: int, layers: int, sparsity: float) -> 
 
 def _mlp_shapes(inputs: int, outputs: int, layers: int, width: int) -> list[tuple[int, int]]:
     return [(inputs, width)] + [(width, width)] * (layers - 1) + [(width, outputs)]
+
+
+# --- delayed multi-step target --------------------------------------------------------------------
+def multi_step_target(key: Key, actor_net, critic_net, target_actor: PyTree, target_critic: PyTree,
+                      windows: Windows, hp, steps_used: jax.Array) -> jax.Array:
+    """The uncorrected n-step TD3 target (Tan et al. 2023, Eq. 3) over windows ``[B, n]``, using the first
+    ``steps_used`` steps (1 before T0).
+
+    Rewards add up to the first step whose episode ended (inclusive); the target bootstraps from that step's
+    ``next_obs`` with ``gamma**m`` (m = steps used) unless it was a true termination, with the clipped-noise
+    target action and the min over the twin target critics (``td3.target_q``).
+    """
+    transitions, n = windows.transitions, windows.ended.shape[1]
+    k = jnp.arange(n)
+    ended_before = jnp.cumsum(windows.ended, axis=1) - windows.ended
+    used = (ended_before == 0) & (k < steps_used)  # [B, n]; step 0 always
+    m = used.sum(axis=1)
+    returns = jnp.sum(jnp.where(used, hp.discount ** k * transitions.reward, 0.0), axis=1)
+    last = jax.tree.map(lambda x: jnp.take_along_axis(x, (m - 1).reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)[:, 0],
+                        transitions)
+    bootstrap = last.replace(reward=returns)
+    return td3.target_q(key, actor_net, critic_net, target_actor, target_critic, bootstrap,
+                        hp.replace(discount=hp.discount ** m))
 
 
 # --- the learner ----------------------------------------------------------------------------------
@@ -148,23 +196,25 @@ def make_rlx2_td3(config: RLx2TD3Config, spec: EnvSpec) -> Learner:
         state = state.replace(actor=actor, critic=critic, target_actor=actor, target_critic=critic)
         return RLx2TD3State(td3=state, actor_mask=actor_mask, critic_mask=critic_mask)
 
-    def update(key: Key, state: RLx2TD3State, batch: Transition, hp: RLx2TD3HParams):
-        inner, metrics, _ = core.update_weighted(key, state.td3, batch, None, hp, masked_steps(state))
+    def update(key: Key, state: RLx2TD3State, batch: Transition | Windows, hp: RLx2TD3HParams):
+        inner, metrics, _ = core.update_weighted(key, state.td3, batch, None, hp, rlx2_steps(state, config))
         return state.replace(td3=inner), metrics
 
     def update_chunk(keys: Key, state: RLx2TD3State, batches: Transition, hp: RLx2TD3HParams):
-        inner, metrics = core.update_chunk(keys, state.td3, batches, hp, masked_steps(state))
+        inner, metrics = core.update_chunk(keys, state.td3, batches, hp, rlx2_steps(state, config))
         return state.replace(td3=inner), metrics
 
-    def grow_scores(key: Key, state: RLx2TD3State, batch: Transition, hp: RLx2TD3HParams):
+    def grow_scores(key: Key, state: RLx2TD3State, batch: Transition | Windows, hp: RLx2TD3HParams):
         """``(actor, critic)`` scores of the inactive links: dense |grad| (RigL) or uniform noise (SET)."""
         inner = state.td3
         if config.topology == "set":
             key_actor, key_critic = jax.random.split(key)
             return sparse.uniform_like(key_actor, inner.actor), sparse.uniform_like(key_critic, inner.critic)
-        y = td3.target_q(key, actor_net, critic_net, inner.target_actor, inner.target_critic, batch, hp)
-        critic_grad = jax.grad(lambda c: td3.critic_loss_fn(c, critic_net, batch, y)[0])(inner.critic)
-        actor_grad = jax.grad(lambda a: td3.dpg_loss(actor_net, critic_net, a, inner.critic, batch.obs))(inner.actor)
+        steps = rlx2_steps(state, config)
+        y = steps.target(key, actor_net, critic_net, inner.target_actor, inner.target_critic, batch, hp)
+        sample = steps.sample(batch)
+        critic_grad = jax.grad(lambda c: td3.critic_loss_fn(c, critic_net, sample, y)[0])(inner.critic)
+        actor_grad = jax.grad(lambda a: td3.dpg_loss(actor_net, critic_net, a, inner.critic, sample.obs))(inner.actor)
         return jax.tree.map(jnp.abs, actor_grad), jax.tree.map(jnp.abs, critic_grad)
 
     def evolve_net(params, mask, scores, sparsity, fraction, due):
@@ -178,7 +228,7 @@ def make_rlx2_td3(config: RLx2TD3Config, spec: EnvSpec) -> Learner:
         changed = jnp.any(sparse.active_counts(mask) != counts)
         return jax.tree.map(lambda a, b: jnp.where(changed, a, b), redrawn, evolved)
 
-    def maintain(key: Key, state: RLx2TD3State, batch: Transition, hp: RLx2TD3HParams):
+    def maintain(key: Key, state: RLx2TD3State, batch: Transition | Windows, hp: RLx2TD3HParams):
         """The topology step (see the module docstring); no optimizer step, no counter advances."""
         inner = state.td3
         actor_scores, critic_scores = grow_scores(key, state, batch, hp)
@@ -207,9 +257,13 @@ def make_rlx2_td3(config: RLx2TD3Config, spec: EnvSpec) -> Learner:
 
     delay = config.fixed_policy_delay
     evolves = config.topology != "static"
+    if config.n_step > spec.max_episode_steps:
+        raise ConfigError(f"learner_config.n_step: {config.n_step} is longer than the episode limit of {spec.name} "
+                          f"(allowed: at most {spec.max_episode_steps})")
     return Learner(init=init, update=update, act=act, policy=policy, chunk=delay or 1,
                    update_chunk=update_chunk if delay else None,
-                   maintain=maintain if evolves else None, maintain_every=config.dst_interval if evolves else 0)
+                   maintain=maintain if evolves else None, maintain_every=config.dst_interval if evolves else 0,
+                   window=config.n_step)
 
 
 def costs(config: RLx2TD3Config, spec: EnvSpec, hparams: RLx2TD3HParams) -> dict[str, list[float]]:

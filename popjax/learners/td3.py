@@ -128,13 +128,17 @@ class TD3Steps:
     gradients, re-masked weights and targets) and reuses the update unchanged.
 
     ``critic``/``actor``: ``(params, grads, opt_state, lr) -> (params, opt_state)``; ``critic_targets`` /
-    ``actor_targets``: applied to the targets after each Polyak average.
+    ``actor_targets``: applied to the targets after each Polyak average. ``target(key, actor_net, critic_net,
+    target_actor, target_critic, batch, hp) -> y`` is the TD target of a batch (RLx2: multi-step over windows) and
+    ``sample(batch)`` the transitions ``[B, ...]`` the losses are about (the first of each window).
     """
 
     critic: Callable = adam_step
     actor: Callable = adam_step
     critic_targets: Callable[[PyTree], PyTree] = _identity
     actor_targets: Callable[[PyTree], PyTree] = _identity
+    target: Callable = target_q
+    sample: Callable = _identity
 
 
 PLAIN = TD3Steps()
@@ -171,16 +175,16 @@ def td3_core(config: TD3Config, spec: EnvSpec) -> TD3Core:
 
     def critic_update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams, steps: TD3Steps, weights=None):
         """Also returns ``|TD error|`` per sample, the larger of the twin critics' (as LAP, Fujimoto et al. 2020)."""
-        y = target_q(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
+        y = steps.target(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
         (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
-            state.critic, critic_net, batch, y, weights
+            state.critic, critic_net, steps.sample(batch), y, weights
         )
         critic, critic_opt = steps.critic(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
         return critic, critic_opt, critic_loss, q, jnp.abs(q - y).max(axis=0)
 
     def actor_update(state: TD3State, critic: PyTree, batch: Transition, hp: TD3HParams, steps: TD3Steps):
         actor_loss, actor_grads = jax.value_and_grad(
-            lambda actor: dpg_loss(actor_net, critic_net, actor, critic, batch.obs))(state.actor)
+            lambda actor: dpg_loss(actor_net, critic_net, actor, critic, steps.sample(batch).obs))(state.actor)
         actor, actor_opt = steps.actor(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
         return actor, actor_opt, actor_loss
 
