@@ -192,7 +192,9 @@ RUN = dict(learner="rlx2_td3", env="probe:pendulum", pop_size=2, total_env_steps
            rollout_len=10, envs_per_member=2, eval_interval=200, eval_episodes=1, batch_size=16, buffer_size=1000,
            progress=False,
            # dst_end and T0 given: not from the (cut) total; n = 3 from update 100 on, inside the runs
-           learner_config={"hidden": [16, 16], "dst_interval": 40, "dst_end": 300, "n_step_start": 100},
+           # the dynamic buffer checks every 100 env steps and shrinks above 150 rows at any distance
+           learner_config={"hidden": [16, 16], "dst_interval": 40, "dst_end": 300, "n_step_start": 100,
+                           "buffer_check_interval": 100, "buffer_min": 150, "buffer_threshold": 1e-9},
            hparams={"actor_sparsity": [0.6, 0.9], "critic_sparsity": 0.8})
 
 
@@ -204,6 +206,9 @@ def test_a_population_trains_with_exact_masks_and_resumes_bit_identically(tmp_pa
         state = member(learner, m)
         assert_exact_nnz(state, with_values(rlx2.default_hparams(), actor_sparsity=s, critic_sparsity=0.8))
     assert int(learner.td3.steps[0]) == 300  # topology steps are not updates
+    # Checks at 100, 200, 300, 400 env steps, each after adding 100 rows; above 150 rows 10 % go:
+    # 100, 200 -> 180, 280 -> 252, 352 -> 317.
+    np.testing.assert_array_equal(full.state.buffer.size, [317, 317])
 
 
 def test_pbt_exploits_keep_exact_masks(tmp_path):
@@ -314,3 +319,31 @@ def test_windows_are_consecutive_steps_of_one_env_and_never_cross_the_write_posi
     assert (windows[:, :, 1] == windows[:, :1, 1]).all()  # one env per window
     assert (np.diff(windows[:, :, 0], axis=1) == 1).all()  # consecutive steps
     assert windows[:, 0, 0].min() == 4 and windows[:, -1, 0].max() == 9  # only the 12 newest rows (t 4..9)
+
+
+def test_dynamic_buffer_distance_and_shrink_by_hand():  # U7
+    learner, config = make(buffer_threshold=0.2, buffer_min=100)
+    hp = hparams()
+    state = learner.init(jax.random.key(0), hp)
+    rows = random_batch(jax.random.key(1), SPEC, 16)
+    valid = jnp.arange(16) < 12  # four of the oldest slots not filled yet
+    count, distance = learner.replay_shrink(state, rows, valid, jnp.int32(500), hp)
+    pi = np.asarray(learner.policy(state, rows.obs))
+    want = 0.5 * np.mean(((pi - np.asarray(rows.action)) ** 2)[:12])
+    assert float(distance) == pytest.approx(want, rel=1e-5) and want > 0.2
+    assert int(count) == 50  # floor(0.1 * 500), once
+    assert int(learner.replay_shrink(state, rows, valid, jnp.int32(100), hp)[0]) == 0  # not above buffer_min
+    close = rows.replace(action=jnp.asarray(pi))  # stored actions equal to today's policy: distance 0
+    assert int(learner.replay_shrink(state, close, valid, jnp.int32(500), hp)[0]) == 0
+
+
+def test_a_shrunk_buffer_samples_only_its_newest_rows():
+    from popjax.buffers import drop_oldest, make_uniform_buffer, oldest_items
+    buffer = make_uniform_buffer(10, 2000)
+    state = buffer.add(buffer.init(jnp.zeros((), jnp.int32)), jnp.arange(7))
+    state = drop_oldest(state, jnp.int32(3))
+    assert set(np.asarray(buffer.sample(jax.random.key(0), state)).tolist()) == {3, 4, 5, 6}
+    items, valid = oldest_items(state, 6)
+    np.testing.assert_array_equal(items[np.asarray(valid)], [3, 4, 5, 6])
+    state = drop_oldest(buffer.add(state, jnp.arange(7, 14)), jnp.int32(2))  # wrapped: rows 10..13 overwrote 0..3
+    assert set(np.asarray(buffer.sample(jax.random.key(1), state)).tolist()) == set(range(6, 14))

@@ -41,8 +41,10 @@ from flax import struct
 
 from popjax.buffers import (
     BufferState,
+    drop_oldest,
     make_prioritized_buffer,
     make_uniform_buffer,
+    oldest_items,
     per_hyperparams,
     sample_windows,
 )
@@ -189,11 +191,34 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
         carry, metrics = jax.lax.scan(one_chunk, (state.learner, state.buffer), step_keys)
         return carry, jax.tree.map(lambda m: m.mean(axis=0), metrics)
 
+    def shrink_replay(state):
+        """The learner's dynamic replay capacity: when the env steps cross a multiple of its check interval (a
+        ``cond`` outside the member vmap), each member forgets the oldest rows its ``replay_shrink`` asks for."""
+        every, before = learner.replay_check_every, state.counters.env_steps
+        due = (before + rollout.steps_per_member) // every > before // every
+
+        def shrink(buffers):
+            def one(learner_state, buf, hp):
+                rows, valid = oldest_items(buf, learner.replay_oldest)
+                count, distance = learner.replay_shrink(learner_state, rows[0] if window > 1 else rows, valid,
+                                                        buf.size, hp)
+                return drop_oldest(buf, count), distance
+
+            return jax.vmap(one)(state.learner, buffers, state.hparams)
+
+        buffers, distance = jax.lax.cond(
+            due, shrink, lambda b: (b, jnp.full((members.local,), jnp.nan)), state.buffer)
+        return state.replace(buffer=buffers), {"replay_size": buffers.size.astype(jnp.float32),
+                                               "policy_distance": distance}
+
     def learn(key: Key, state, experience: Experience):
         """Adds the rollout to each member's buffer, then trains (after warm-up)."""
         warm = warming_up(state)
         rows = (experience.transitions, experience.ended) if window > 1 else experience.transitions
         state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, rows))
+        replay_metrics = {}
+        if learner.replay_shrink is not None:
+            state, replay_metrics = shrink_replay(state)
         if prioritized:
             (learner_state, buffers), metrics = train_unless(
                 warm, train_prioritized_chunks if chunked_per else train_prioritized, key, state,
@@ -202,7 +227,7 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
         else:
             learner_state, metrics = train_unless(warm, train, key, state, kept=state.learner)
         counters = state.counters.advance(rollout.steps_per_member, jnp.where(warm, 0, k))
-        return state.replace(learner=learner_state, counters=counters), metrics
+        return state.replace(learner=learner_state, counters=counters), {**metrics, **replay_metrics}
 
     def maintain(key: Key, state):
         """The learner's ``maintain`` for every member on a fresh batch (after warm-up: the updates counted)."""

@@ -62,6 +62,10 @@ class Learner(NamedTuple):
 
     ``window`` > 1: the learner's batches are ``popjax.types.Windows`` of that many consecutive transitions of
     one env (multi-step targets) instead of transitions.
+
+    Optional, a dynamic-capacity replay (RLx2): every ``replay_check_every`` env steps drivers call
+    ``replay_shrink(state, oldest [replay_oldest, ...], valid [replay_oldest], size, hparams) -> (count, distance)``
+    with the member's oldest transitions and forget its ``count`` oldest ones.
     """
 
     init: Callable[[Key, Any], Any]
@@ -79,6 +83,9 @@ class Learner(NamedTuple):
     maintain: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
     maintain_every: int = 0
     window: int = 1
+    replay_shrink: Callable[[Any, Transition, jax.Array, jax.Array, Any], tuple[jax.Array, jax.Array]] | None = None
+    replay_check_every: int = 0
+    replay_oldest: int = 0
 
 
 def chunk_update(learner: Learner) -> Callable:

@@ -23,6 +23,11 @@ uncorrected ``n_step``-step target (no importance weights): rewards summed up to
 window, no bootstrap past a termination, a bootstrap from the truncating step's ``next_obs``. The learner declares
 ``window = n_step``, so drivers sample windows of one env's consecutive transitions from the buffer.
 
+Dynamic-capacity buffer: every ``buffer_check_interval`` env steps, the policy distance on the oldest
+``buffer_oldest`` transitions (half the mean squared difference between today's policy and the stored action)
+above ``buffer_threshold`` drops the oldest 10 % of the replay, once per check, while above ``buffer_min``; the
+run's ``buffer_size`` is the cap (as the released code).
+
 popjax deviations, documented: the topology step is an extra iteration after the ``dst_interval``-th update
 rather than replacing that update's optimizer step, and it masks the targets with the new masks at once. The
 dense baseline is the ``td3`` learner, and "Tiny" is ``td3`` with ``tiny_hidden`` units.
@@ -63,6 +68,17 @@ class RLx2TD3Config(td3.TD3Config):
     n_step_start: schema.Int(ge=0, le=2_000_000_000) | None = Field(
         None, description="critic updates with 1-step targets before n-step ones (T0; default: a tenth of the run's "
                           "training updates, the paper's 3e5 of 3e6)")
+    dynamic_buffer: schema.Bool = Field(True, description="shrink the replay while the current policy is far from "
+                                                          "the one that collected its oldest transitions")
+    buffer_check_interval: schema.Int(ge=1, le=2_000_000_000) = Field(
+        10_000, description="env steps between two checks of the dynamic buffer (the paper's 1e4)")
+    buffer_threshold: schema.Float(gt=0) = Field(
+        0.2, description="policy distance D0 above which the oldest 10 % of the replay are dropped")
+    buffer_min: schema.Int(ge=0) = Field(100_000, description="transitions the dynamic buffer never shrinks below "
+                                                              "(the paper's TD3 1e5; rescale with the run)")
+    buffer_oldest: schema.Int(ge=1) | None = Field(
+        None, description="oldest transitions the policy distance is measured on (default 8 x batch_size)")
+    buffer_size: schema.Int(ge=1) = Field(1_000_000, description="the run's buffer_size (the dynamic buffer's cap)")
     init_mask: schema.OneOf(("magnitude", "random")) = Field(
         "magnitude", description="initial support: largest |w| of the dense init (released code) or random")
     total_env_steps: schema.Int(ge=1) = Field(20_000, description="the run's total_env_steps")
@@ -75,6 +91,11 @@ class RLx2TD3Config(td3.TD3Config):
         if self.dst_end is not None:
             return self.dst_end
         return max(1, math.floor((self.total_env_steps - self.warmup_steps) * self.update_ratio))
+
+    @property
+    def oldest_checked(self) -> int:
+        """``buffer_oldest``, or 8 x batch_size, at most the buffer."""
+        return min(self.buffer_oldest or 8 * self.batch_size, self.buffer_size)
 
     @property
     def multi_step_start(self) -> int:
@@ -257,13 +278,28 @@ def make_rlx2_td3(config: RLx2TD3Config, spec: EnvSpec) -> Learner:
 
     delay = config.fixed_policy_delay
     evolves = config.topology != "static"
+    def replay_shrink(state: RLx2TD3State, oldest: Transition, valid: jax.Array, size: jax.Array, hp):
+        """``(rows to drop, distance)``: the oldest 10 % when the policy distance exceeds D0 above ``buffer_min``.
+
+        Distance: half the mean squared difference between today's policy action and the stored action on the
+        oldest transitions (actions in [-1, 1], so already normalised by the max action). The paper stores the
+        pre-noise policy action; popjax stores the executed one, whose exploration noise adds about
+        ``exploration_noise**2 / 2`` (0.005 at the default 0.1, against D0 = 0.2) - a documented deviation.
+        """
+        del hp
+        squared = jnp.mean((core.policy(state.td3, oldest.obs) - oldest.action) ** 2, axis=-1)
+        distance = 0.5 * jnp.sum(jnp.where(valid, squared, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+        drop = (distance > config.buffer_threshold) & (size > config.buffer_min)
+        return jnp.where(drop, size // 10, 0), distance
+
     if config.n_step > spec.max_episode_steps:
         raise ConfigError(f"learner_config.n_step: {config.n_step} is longer than the episode limit of {spec.name} "
                           f"(allowed: at most {spec.max_episode_steps})")
     return Learner(init=init, update=update, act=act, policy=policy, chunk=delay or 1,
                    update_chunk=update_chunk if delay else None,
                    maintain=maintain if evolves else None, maintain_every=config.dst_interval if evolves else 0,
-                   window=config.n_step)
+                   window=config.n_step, replay_shrink=replay_shrink if config.dynamic_buffer else None,
+                   replay_check_every=config.buffer_check_interval, replay_oldest=config.oldest_checked)
 
 
 def costs(config: RLx2TD3Config, spec: EnvSpec, hparams: RLx2TD3HParams) -> dict[str, list[float]]:
