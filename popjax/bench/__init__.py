@@ -48,7 +48,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "report")
+STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "sparse_inference",
+           "report")
 
 _HELP = {
     "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
@@ -59,6 +60,7 @@ _HELP = {
     "shared_critic": "shared-critic TD3 update vs N (popjax.bench.shared_critic)",
     "drivers": "time per training iteration of every driver on 1 and more devices (sharding and pmap)",
     "per": "prioritized-replay sum tree: sample and update throughput vs K, N, B, a vmapped population, NumPy",
+    "sparse_inference": "CPU latency of a sparse RLx2 actor executed sparsely (compact, BCOO) vs dense",
     "report": "regenerate benchmarks/RESULTS.md from the JSON results",
 }
 
