@@ -97,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="(re)draw the plots of a run directory")
     plot.add_argument("run_dir", type=Path)
 
+    export = sub.add_parser("export", help="write a member's actor as a compact file (sparse links only)",
+                            description="Write a trained member's deterministic actor (td3, rlx2_td3) as an .npz of "
+                                        "compact layers; load it with popjax.export.load_policy.")
+    export.add_argument("run_dir", type=Path)
+    export.add_argument("--member", type=int, default=None, help="member index (default: the best final return)")
+    export.add_argument("--out", type=Path, default=None, help="file to write (default <run_dir>/policy-member<m>.npz;"
+                                                               " never overwritten)")
+
     # `popjax bench --help` lists the studies; `popjax bench <study> --help` its options. Building
     # these parsers imports no JAX (popjax.bench keeps its option tables import-free).
     from popjax import bench as bench_module
@@ -311,6 +319,13 @@ def main(argv: list[str] | None = None) -> int:
 
             for path in plot_run(args.run_dir):
                 print(path)
+        elif args.command == "export":
+            from popjax.export import export_policy, read_meta
+
+            path = export_policy(args.run_dir, args.out, args.member)
+            meta = read_meta(path)
+            print(f"{path}: member {meta['member']} of {meta['learner']} on {meta['env']}, "
+                  f"{meta['active_weights']:,} of {meta['dense_weights']:,} weights")
         elif args.command == "bench":
             from popjax import bench as bench_module
 
@@ -319,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"popjax: error: {err}", file=sys.stderr)
         return 2
     except (FileNotFoundError, ValueError) as err:
-        if args.command in ("plot", "resume"):  # bad run directory
+        if args.command in ("plot", "resume", "export"):  # bad run directory
             print(f"popjax: error: {err}", file=sys.stderr)
             return 2
         raise

@@ -347,3 +347,40 @@ def test_a_shrunk_buffer_samples_only_its_newest_rows():
     np.testing.assert_array_equal(items[np.asarray(valid)], [3, 4, 5, 6])
     state = drop_oldest(buffer.add(state, jnp.arange(7, 14)), jnp.int32(2))  # wrapped: rows 10..13 overwrote 0..3
     assert set(np.asarray(buffer.sample(jax.random.key(1), state)).tolist()) == set(range(6, 14))
+
+
+def test_export_writes_the_compact_actor_that_acts_like_the_trained_one(tmp_path):
+    from popjax import cli
+    from popjax.export import load_policy, read_meta
+
+    run = popjax.train(out_dir=tmp_path / "run", **{**RUN, "total_env_steps": 200})
+    path = tmp_path / "actor.npz"
+    assert cli.main(["export", str(tmp_path / "run"), "--member", "1", "--out", str(path)]) == 0
+    meta = read_meta(path)
+    assert meta["member"] == 1 and meta["obs_size"] == 3 and meta["action_size"] == 1
+    state = member(run.state.learner, 1)
+    # Only non-zero links are kept (a link grown this step is active at exactly 0 and contributes nothing).
+    kernels = [np.asarray(x) for x in jax.tree.leaves(state.td3.actor) if np.ndim(x) == 2]
+    assert meta["active_weights"] == sum(np.count_nonzero(k) for k in kernels) < sum(k.size for k in kernels)
+    obs = np.asarray(jax.random.normal(jax.random.key(0), (5, 3)))
+    learner, _ = rlx2.make_rlx2_td3(rlx2.RLx2TD3Config(hidden=(16, 16)), popjax.envs.registry.env_spec(
+        "probe:pendulum")), None
+    np.testing.assert_allclose(load_policy(path)(obs), np.asarray(learner.policy(state, obs)), atol=1e-6)
+    before = path.read_bytes()
+    assert cli.main(["export", str(tmp_path / "run"), "--member", "1", "--out", str(path)]) == 2  # never overwrites
+    assert path.read_bytes() == before
+    assert cli.main(["export", str(tmp_path / "run"), "--member", "7", "--out", str(tmp_path / "x.npz")]) == 2
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_sparse_inference_bench_checks_outputs_and_writes_its_fields(tmp_path):
+    from popjax.bench import sparse_inference
+
+    payload = sparse_inference.run(out_dir=tmp_path, sparsity_percent=(90,), batch=(1, 8), hidden=(32, 32),
+                                   repeats=10, min_time=0.0, allow_busy=True, plot=False)
+    rows = payload["results"]
+    assert {(r["impl"], r["batch"]) for r in rows} == {(i, b) for i in sparse_inference.IMPLS for b in (1, 8)}
+    assert all(r["max_abs_error"] < 1e-5 for r in rows)
+    dense = {r["batch"]: r["median_s"] for r in rows if r["impl"] == "dense"}
+    assert all(r["speedup"] == pytest.approx(dense[r["batch"]] / r["median_s"]) for r in rows)
+    assert rows[0]["flops_reduction"] > 5 and (tmp_path / "sparse_inference.json").exists()

@@ -140,6 +140,8 @@ class LearnerDef:
     # (config, spec, hparams [pop] on the host) -> {name: [value per member]}: the learner's compute and memory
     # costs (RLx2: model sizes and FLOPs against dense), written to summary.json's "costs" and the results table.
     costs: Callable[[Any, EnvSpec, Any], dict[str, list[float]]] | None = None
+    # state -> the params of a deterministic MLP actor (``popjax export``); None: nothing to export.
+    actor_params: Callable[[Any], PyTree] | None = None
 
 
 # Adam without its learning rate: `params - lr * scale_by_adam(grads)` equals Adam(lr)

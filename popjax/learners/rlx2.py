@@ -352,4 +352,4 @@ def specialize(config: RLx2TD3Config, hparams, updates_per_call: int, searched: 
 
 TD3_DEFINITION = LearnerDef(name="rlx2_td3", config_cls=RLx2TD3Config, hparams_cls=RLx2TD3HParams,
                             make=make_rlx2_td3, default_hparams=default_hparams, action_kind="continuous",
-                            specialize=specialize, costs=costs)
+                            specialize=specialize, costs=costs, actor_params=lambda state: state.td3.actor)

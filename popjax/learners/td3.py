@@ -278,4 +278,5 @@ DEFINITION = LearnerDef(
     default_hparams=default_hparams,
     action_kind="continuous",
     specialize=specialize,
+    actor_params=lambda state: state.actor,
 )
