@@ -62,6 +62,7 @@ bench: $(STAMP)
 	$(BENCH) shared_critic --pop 1,2,4,8,16 $(QUIET)
 	$(BENCH) drivers --devices 1,2 $(QUIET)
 	$(BENCH) per $(QUIET)
+	$(BENCH) sparse_inference $(QUIET)
 	$(BENCH) report
 
 clean:
