@@ -77,8 +77,8 @@ def exact_masks(run) -> bool | None:
         return None
     for m in range(run.state.hparams.actor_sparsity.shape[0]):
         state, hp = member(run.state.learner, m), member(run.state.hparams, m)
-        for mask, params, s in ((state.actor_mask, state.td3.actor, hp.actor_sparsity),
-                                (state.critic_mask, state.td3.critic, hp.critic_sparsity)):
+        for mask, params, s in ((state.actor_mask, state.inner.actor, hp.actor_sparsity),
+                                (state.critic_mask, state.inner.critic, hp.critic_sparsity)):
             if not np.array_equal(sparse.active_counts(mask), rlx2.layer_counts(params, s)):
                 return False
     return True

@@ -27,14 +27,17 @@ from popjax.population.tree import member, stack
 SPEC = SPECS["continuous"]
 
 
-def make(**overrides):
-    config = rlx2.RLx2TD3Config(**{"hidden": (32, 32), "batch_size": 16, "dst_interval": 10, "dst_end": 100,
-                                   "n_step": 1, **overrides})
-    return rlx2.make_rlx2_td3(config, SPEC), config
+def make(kind="td3", **overrides):
+    config_cls, make_fn = {"td3": (rlx2.RLx2TD3Config, rlx2.make_rlx2_td3),
+                           "sac": (rlx2.RLx2Config, rlx2.make_rlx2_sac)}[kind]
+    config = config_cls(**{"hidden": (32, 32), "batch_size": 16, "dst_interval": 10, "dst_end": 100, "n_step": 1,
+                           **overrides})
+    return make_fn(config, SPEC), config
 
 
-def hparams(**values):
-    return with_values(rlx2.default_hparams(), **{"actor_sparsity": 0.8, "critic_sparsity": 0.7, **values})
+def hparams(kind="td3", **values):
+    defaults = {"td3": rlx2.default_hparams, "sac": rlx2.default_sac_hparams}[kind]()
+    return with_values(defaults, **{"actor_sparsity": 0.8, "critic_sparsity": 0.7, **values})
 
 
 def batch(i: int = 0):
@@ -42,16 +45,18 @@ def batch(i: int = 0):
 
 
 def counts_of(state, hp):
-    return (rlx2.layer_counts(state.td3.actor, hp.actor_sparsity),
-            rlx2.layer_counts(state.td3.critic, hp.critic_sparsity))
+    return (rlx2.layer_counts(state.inner.actor, hp.actor_sparsity),
+            rlx2.layer_counts(state.inner.critic, hp.critic_sparsity))
 
 
 def assert_exact_nnz(state, hp):
     actor_counts, critic_counts = counts_of(state, hp)
     np.testing.assert_array_equal(sparse.active_counts(state.actor_mask), actor_counts)
     np.testing.assert_array_equal(sparse.active_counts(state.critic_mask), critic_counts)
-    for params, mask in ((state.td3.actor, state.actor_mask), (state.td3.critic, state.critic_mask),
-                         (state.td3.target_actor, state.actor_mask), (state.td3.target_critic, state.critic_mask)):
+    targets = [(getattr(state.inner, t), m) for t, m in (("target_actor", state.actor_mask),
+                                                          ("target_critic", state.critic_mask))
+               if hasattr(state.inner, t)]  # SAC has no target actor
+    for params, mask in [(state.inner.actor, state.actor_mask), (state.inner.critic, state.critic_mask), *targets]:
         for w, m in zip(jax.tree.leaves(params), jax.tree.leaves(mask), strict=True):
             assert not np.asarray(w)[~np.asarray(m)].any()  # exactly 0 where masked
 
@@ -63,9 +68,9 @@ def test_init_masks_follow_er_and_targets_start_masked():
     assert_exact_nnz(state, hp)
     # The critic's two Q-nets: the first and hidden layers are sparse, the 1-wide heads saturate to dense.
     _, critic_counts = counts_of(state, hp)
-    sizes = np.asarray([i * o for i, o in sparse.kernel_shapes(state.td3.critic)])
+    sizes = np.asarray([i * o for i, o in sparse.kernel_shapes(state.inner.critic)])
     assert (np.asarray(critic_counts) == sizes).tolist() == [False, False, True] * 2
-    assert_trees_equal(state.td3.target_actor, state.td3.actor)
+    assert_trees_equal(state.inner.target_actor, state.inner.actor)
 
 
 def test_optimizer_sees_only_masked_gradients():  # U4
@@ -76,13 +81,13 @@ def test_optimizer_sees_only_masked_gradients():  # U4
     assert_exact_nnz(new, hp)
     # From a fresh Adam state, the first moments of masked links stay exactly 0 (their gradients were masked),
     # while the dense gradient of the critic loss is non-zero on those links (what growing reads).
-    mu = new.td3.critic_opt.mu  # optax ScaleByAdamState
+    mu = new.inner.critic_opt.mu  # optax ScaleByAdamState
     for m, mask in zip(jax.tree.leaves(mu), jax.tree.leaves(state.critic_mask), strict=True):
         assert not np.asarray(m)[~np.asarray(mask)].any()
     c = td3.TwinCritic((32, 32))
     a = td3.DeterministicActor((32, 32), SPEC.action_dim)
-    y = td3.target_q(jax.random.key(1), a, c, state.td3.target_actor, state.td3.target_critic, batch(), hp)
-    grads = jax.grad(lambda p: td3.critic_loss_fn(p, c, batch(), y)[0])(state.td3.critic)
+    y = td3.target_q(jax.random.key(1), a, c, state.inner.target_actor, state.inner.target_critic, batch(), hp)
+    grads = jax.grad(lambda p: td3.critic_loss_fn(p, c, batch(), y)[0])(state.inner.critic)
     hidden_grad = np.asarray(grads["params"]["q1"]["Dense_1"]["kernel"])
     hidden_mask = np.asarray(state.critic_mask["params"]["q1"]["Dense_1"]["kernel"])
     assert np.abs(hidden_grad[~hidden_mask]).sum() > 0
@@ -92,14 +97,14 @@ def test_targets_are_masked_polyak_averages():  # U5
     learner, _ = make()
     hp = hparams(policy_delay=1, tau=0.3)
     state = learner.init(jax.random.key(0), hp)
-    state = state.replace(td3=state.td3.replace(  # targets that differ from the online nets, as later in training
-        target_actor=jax.tree.map(lambda x: x + 0.5, state.td3.target_actor),
-        target_critic=jax.tree.map(lambda x: x - 0.25, state.td3.target_critic)))
+    state = state.replace(inner=state.inner.replace(  # targets that differ from the online nets, as later in training
+        target_actor=jax.tree.map(lambda x: x + 0.5, state.inner.target_actor),
+        target_critic=jax.tree.map(lambda x: x - 0.25, state.inner.target_critic)))
     new, _ = jax.jit(learner.update)(jax.random.key(1), state, batch(), hp)
-    want_actor = sparse.apply_masks(polyak(state.td3.target_actor, new.td3.actor, hp.tau), state.actor_mask)
-    want_critic = sparse.apply_masks(polyak(state.td3.target_critic, new.td3.critic, hp.tau), state.critic_mask)
-    np.testing.assert_allclose(jax.tree.leaves(new.td3.target_actor)[0], jax.tree.leaves(want_actor)[0], rtol=1e-6)
-    for got, want in zip(jax.tree.leaves((new.td3.target_actor, new.td3.target_critic)),
+    want_actor = sparse.apply_masks(polyak(state.inner.target_actor, new.inner.actor, hp.tau), state.actor_mask)
+    want_critic = sparse.apply_masks(polyak(state.inner.target_critic, new.inner.critic, hp.tau), state.critic_mask)
+    np.testing.assert_allclose(jax.tree.leaves(new.inner.target_actor)[0], jax.tree.leaves(want_actor)[0], rtol=1e-6)
+    for got, want in zip(jax.tree.leaves((new.inner.target_actor, new.inner.target_critic)),
                          jax.tree.leaves((want_actor, want_critic)), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
@@ -133,7 +138,7 @@ def test_no_topology_step_after_the_end():  # U3
     learner, _ = make(dst_end=5)
     hp = hparams()
     state = learner.init(jax.random.key(0), hp)
-    state = state.replace(td3=state.td3.replace(steps=jnp.int32(10)))
+    state = state.replace(inner=state.inner.replace(steps=jnp.int32(10)))
     new, metrics = jax.jit(learner.maintain)(jax.random.key(1), state, batch(), hp)
     assert float(metrics["critic_drop_fraction"]) == 0.0
     assert_trees_equal(new, state)
@@ -183,7 +188,7 @@ def test_a_changed_sparsity_redraws_masks_of_the_new_size_at_the_next_topology_s
     explored = with_values(hp, actor_sparsity=0.95)  # what a PBT explore does to the hparam
     new, _ = jax.jit(learner.maintain)(jax.random.key(1), state, batch(), explored)
     assert_exact_nnz(new, explored)
-    kernel = np.abs(np.asarray(state.td3.actor["params"]["MLP_0"]["Dense_1"]["kernel"]))
+    kernel = np.abs(np.asarray(state.inner.actor["params"]["MLP_0"]["Dense_1"]["kernel"]))
     kept = np.asarray(new.actor_mask["params"]["MLP_0"]["Dense_1"]["kernel"])
     assert kernel[kept].min() >= kernel[~kept].max()  # the largest surviving weights
 
@@ -205,7 +210,7 @@ def test_a_population_trains_with_exact_masks_and_resumes_bit_identically(tmp_pa
     for m, s in enumerate((0.6, 0.9)):
         state = member(learner, m)
         assert_exact_nnz(state, with_values(rlx2.default_hparams(), actor_sparsity=s, critic_sparsity=0.8))
-    assert int(learner.td3.steps[0]) == 300  # topology steps are not updates
+    assert int(learner.inner.steps[0]) == 300  # topology steps are not updates
     # Checks at 100, 200, 300, 400 env steps, each after adding 100 rows; above 150 rows 10 % go:
     # 100, 200 -> 180, 280 -> 252, 352 -> 317.
     np.testing.assert_array_equal(full.state.buffer.size, [317, 317])
@@ -360,7 +365,7 @@ def test_export_writes_the_compact_actor_that_acts_like_the_trained_one(tmp_path
     assert meta["member"] == 1 and meta["obs_size"] == 3 and meta["action_size"] == 1
     state = member(run.state.learner, 1)
     # Only non-zero links are kept (a link grown this step is active at exactly 0 and contributes nothing).
-    kernels = [np.asarray(x) for x in jax.tree.leaves(state.td3.actor) if np.ndim(x) == 2]
+    kernels = [np.asarray(x) for x in jax.tree.leaves(state.inner.actor) if np.ndim(x) == 2]
     assert meta["active_weights"] == sum(np.count_nonzero(k) for k in kernels) < sum(k.size for k in kernels)
     obs = np.asarray(jax.random.normal(jax.random.key(0), (5, 3)))
     learner, _ = rlx2.make_rlx2_td3(rlx2.RLx2TD3Config(hidden=(16, 16)), popjax.envs.registry.env_spec(
@@ -384,3 +389,61 @@ def test_sparse_inference_bench_checks_outputs_and_writes_its_fields(tmp_path):
     dense = {r["batch"]: r["median_s"] for r in rows if r["impl"] == "dense"}
     assert all(r["speedup"] == pytest.approx(dense[r["batch"]] / r["median_s"]) for r in rows)
     assert rows[0]["flops_reduction"] > 5 and (tmp_path / "sparse_inference.json").exists()
+
+
+def test_sac_multi_step_target_by_hand():  # U6, SAC form: entropy terms at the next states inside the window
+    from popjax.learners import sac as sac_module
+
+    core = sac_module.sac_core(sac_module.SACConfig(hidden=(8,)), SPEC)
+    keys = jax.random.split(jax.random.key(0))
+    actor = core.actor_net.init(keys[0], jnp.zeros((1, 3)))
+    target_critic = core.critic_net.init(keys[1], jnp.zeros((1, 3)), jnp.zeros((1, 2)))
+    hp = with_values(rlx2.default_sac_hparams(), discount=0.5, reward_scale=2.0)
+    alpha = jnp.float32(0.3)
+    next_obs = jax.random.normal(jax.random.key(2), (3, 3, 3))
+    reward = jnp.broadcast_to(jnp.asarray([1.0, 2.0, 4.0]), (3, 3))
+    ended = jnp.asarray([[0, 0, 0], [0, 1, 0], [0, 1, 0]], bool)  # none; truncated at 1; terminated at 1
+    terminated = jnp.asarray([[0, 0, 0], [0, 0, 0], [0, 1, 0]], jnp.float32)
+    windows = rlx2.Windows(td3.Transition(obs=jnp.zeros((3, 3, 3)), action=jnp.zeros((3, 3, 2)), reward=reward,
+                                          next_obs=next_obs, terminated=terminated), ended)
+    key = jax.random.key(3)
+    actions, log_probs = core.sample(key, actor, next_obs)  # the draws the target makes, [3, 3, 2] and [3, 3]
+    q = lambda b, k: float(core.critic_net.apply(target_critic, next_obs[b, k][None],  # noqa: E731
+                                                 actions[b, k][None]).min(axis=0)[0])
+    lp = np.asarray(log_probs)
+    want = [2 * (1 + 0.5 * 2 + 0.25 * 4) - 0.3 * (0.5 * lp[0, 0] + 0.25 * lp[0, 1])
+            + 0.125 * (q(0, 2) - 0.3 * lp[0, 2]),
+            2 * (1 + 0.5 * 2) - 0.3 * 0.5 * lp[1, 0] + 0.25 * (q(1, 1) - 0.3 * lp[1, 1]),
+            2 * (1 + 0.5 * 2) - 0.3 * 0.5 * lp[2, 0]]
+    got = rlx2.sac_multi_step_target(key, core.sample, target_critic, core.critic_net, actor, windows, alpha, hp,
+                                     jnp.int32(3))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_rlx2_sac_keeps_exact_masks_through_updates_and_topology_steps():
+    learner, config = make("sac", n_step=3, n_step_start=5)
+    hp = hparams("sac")
+    state = learner.init(jax.random.key(0), hp)
+    assert_exact_nnz(state, hp)
+    update, maintain = jax.jit(learner.update), jax.jit(learner.maintain)
+    windows = lambda i: rlx2.Windows(  # noqa: E731
+        jax.tree.map(lambda x: jnp.stack([x, x, x], axis=1), batch(i)), jnp.zeros((16, 3), bool))
+    start = (state.actor_mask, state.critic_mask)
+    for i in range(20):
+        state, metrics = update(jax.random.key(i), state, windows(i), hp)
+        if (i + 1) % config.dst_interval == 0:
+            state, _ = maintain(jax.random.key(100 + i), state, windows(100 + i), hp)
+        assert_exact_nnz(state, hp)
+    assert np.isfinite(float(metrics["critic_loss"]))
+    moved = [(np.asarray(a) != np.asarray(b)).any() for a, b in
+             zip(jax.tree.leaves(start), jax.tree.leaves((state.actor_mask, state.critic_mask)), strict=True)]
+    assert any(moved)  # the actor evolves at every call (SAC updates it at every step)
+
+
+def test_rlx2_sac_population_run_with_costs(tmp_path):
+    run = popjax.train(out_dir=tmp_path / "sac", **{**RUN, "learner": "rlx2_sac", "total_env_steps": 300})
+    for m, sparsity in enumerate((0.6, 0.9)):
+        assert float(run.state.hparams.actor_sparsity[m]) == pytest.approx(sparsity)
+        assert_exact_nnz(member(run.state.learner, m), member(run.state.hparams, m))
+    costs = run.summary["costs"]
+    assert costs["size_reduction"][1] > costs["size_reduction"][0] > 1
