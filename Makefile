@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(BENCH) per $(QUIET)
 	$(BENCH) spo $(QUIET)
 	$(BENCH) hts $(QUIET)
+	$(BENCH) sparse_inference $(QUIET)
 	$(BENCH) report
 
 clean:

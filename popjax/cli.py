@@ -98,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="(re)draw the plots of a run directory")
     plot.add_argument("run_dir", type=Path)
 
+    export = sub.add_parser("export", help="write a member's actor as a compact file (sparse links only)",
+                            description="Write a trained member's deterministic actor (td3, rlx2_td3) as an .npz of "
+                                        "compact layers; load it with popjax.export.load_policy.")
+    export.add_argument("run_dir", type=Path)
+    export.add_argument("--member", type=int, default=None, help="member index (default: the best final return)")
+    export.add_argument("--out", type=Path, default=None, help="file to write (default <run_dir>/policy-member<m>.npz;"
+                                                               " never overwritten)")
+
     # `popjax bench --help` lists the studies; `popjax bench <study> --help` its options. Building
     # these parsers imports no JAX (popjax.bench keeps its option tables import-free).
     from popjax import bench as bench_module
@@ -262,8 +270,12 @@ def _print_results(run) -> None:
     table.add_column("final return", justify="right")
     for name in varying:
         table.add_column(name, justify="right")
+    costs = {name: values for name, values in s.get("costs", {}).items() if name in COST_COLUMNS}
+    for name in costs:
+        table.add_column(COST_COLUMNS[name], justify="right")
     for m, ret in enumerate(s["final_returns"]):
-        table.add_row(str(m), f"{ret:.1f}", *(f"{hparams[n][m]:.4g}" for n in varying))
+        table.add_row(str(m), f"{ret:.1f}", *(f"{hparams[n][m]:.4g}" for n in varying),
+                      *(f"{values[m]:.3g}x" for values in costs.values()))
     console = Console()
     if not console.is_terminal or console.width < table_width(table, console):
         # A log file or a narrow terminal: render at the table's natural width, never cut numbers to "0.00…".
@@ -273,6 +285,11 @@ def _print_results(run) -> None:
     if shared:
         console.print(f"shared hparams: {shared}")
     console.print(f"best return {s['best_return']:.1f} · run directory [bold]{run.out_dir}[/bold]")
+
+
+# The learner costs (summary.json "costs") the results table shows, as reductions against the dense model.
+COST_COLUMNS = {"size_reduction": "size /", "train_flops_reduction": "train FLOPs /",
+                "inference_flops_reduction": "inference FLOPs /"}
 
 
 def table_width(table, console) -> int:
@@ -303,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
 
             for path in plot_run(args.run_dir):
                 print(path)
+        elif args.command == "export":
+            from popjax.export import export_policy, read_meta
+
+            path = export_policy(args.run_dir, args.out, args.member)
+            meta = read_meta(path)
+            print(f"{path}: member {meta['member']} of {meta['learner']} on {meta['env']}, "
+                  f"{meta['active_weights']:,} of {meta['dense_weights']:,} weights")
         elif args.command == "bench":
             from popjax import bench as bench_module
 
@@ -314,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"popjax: error: {err}", file=sys.stderr)
         return 1
     except (FileNotFoundError, ValueError) as err:
-        if args.command in ("plot", "resume"):  # bad run directory
+        if args.command in ("plot", "resume", "export"):  # bad run directory
             print(f"popjax: error: {err}", file=sys.stderr)
             return 2
         raise

@@ -36,6 +36,7 @@ class Run:
     out_dir: Path
     summary: dict[str, Any]
     state: Any
+    config: RunConfig | None = None
 
 
 def build_learner_config(config: RunConfig, definition):
@@ -189,6 +190,24 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
         if overrides:
             rd.write_config(config.to_dict())
         return _finish(loop, *restored)
+
+
+def load(run_dir: str | Path) -> Run:
+    """A run's config, summary and newest checkpointed state, read only (nothing trained or written)."""
+    rd = RunDir(run_dir)
+    config = make_config(**rd.read_config())
+    loop = build(config)
+    loop.run_dir, loop.checkpointer = rd, _checkpointer(rd)
+    try:
+        restored = loop.restore_checkpoint()
+    finally:
+        loop.checkpointer.close()
+        if not loop.runner.jax_path:
+            loop.runner.close()
+    if restored is None:
+        raise ConfigError(f"no usable checkpoint in {rd.path}")
+    summary = rd.read_summary() if (rd.path / "summary.json").exists() else {}
+    return Run(rd.path, summary, restored[0], config)
 
 
 # RunConfig fields a resume may change: they set the budget, cadence and placement, not what the

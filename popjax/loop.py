@@ -29,9 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from popjax.config import RunConfig
+from popjax.config import RunConfig, make_learner_config
 from popjax.distributed import fetch, gather_rows, is_writer, processes
 from popjax.drivers.base import Driver, Episodes, InteractionFailed, OwnInteraction, Rollout
+from popjax.learners import LEARNERS
 from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
 from popjax.rundir import RunDir
@@ -50,6 +51,7 @@ class KeyPurpose(IntEnum):
     AFTER_EVAL = 6  # after_eval (PBT exploit and explore, bandit draws)
     DRIVER_SETUP = 7  # the driver's own set-up draws (PBT's initial prior samples)
     PREPARE = 8  # prepare (CEM-RL: ask and training)
+    MAINTAIN = 9  # the driver's maintenance call (RLx2 topology steps)
 
 
 def key_for(seed: int, purpose: KeyPurpose, iteration: int = 0) -> Key:
@@ -121,6 +123,7 @@ class Loop:
         # learn t is dispatched, so the host steps envs while learn t runs (one iteration of policy lag).
         self.overlap = config.overlap and not runner.jax_path and isinstance(local.interaction, Rollout)
         self.acting = None  # the snapshot the next rollout acts with (overlap)
+        self.maintained_at = 0  # updates per member at the last maintenance check (set again on resume)
         # A device computes one program at a time: acting runs on its own device so that it does not
         # queue behind the update (see popjax.population.sharding.acting_device).
         self.acting_device = acting_device(config.devices) if self.overlap else None
@@ -214,8 +217,26 @@ class Loop:
                                   out_shardings=(self.state_shardings, None))
             state, learned = learn(keys[2], state, experience)
             metrics = {**metrics, **learned}
+        state, metrics = self.maintain(state, metrics)
         self.iteration += 1
         return state, env_state, metrics  # device arrays: reading them would wait for the update
+
+    def maintain(self, state, metrics):
+        """The driver's ``Maintenance`` call when this iteration's updates crossed a multiple of its period.
+
+        Reads the update counter from the device (it waits for the update; only drivers with maintenance pay)."""
+        maintenance = self.local.maintenance
+        if maintenance is None:
+            return state, metrics
+        before, self.maintained_at = self.maintained_at, self.counters(state)[1]
+        if not crossed(before, self.maintained_at, maintenance.every):
+            return state, metrics
+        key = self.key(KeyPurpose.MAINTAIN)
+        program = self.placement.program(maintenance.run, (False, self.axes), (self.axes, True))
+        program = self.compiler("maintain", program, key, state, donate=(1,),
+                                out_shardings=(self.state_shardings, None))
+        state, more = program(key, state)
+        return state, {**metrics, **more}
 
     def snapshot(self, state):
         """A copy of what ``act`` reads (``Driver.acting_view``) on the acting device: fresh buffers learn
@@ -373,6 +394,7 @@ class Loop:
         self.history = [np.array([np.nan if v is None else v for v in r], np.float64) for r in meta["history"]]
         self.driver.host.load_state_dict(meta["driver"])
         state, env_state = self.place(tree["state"], tree["env_state"])
+        self.maintained_at = self.counters(state)[1]
         if tree["acting"] is not None:
             self.acting = jax.device_put(tree["acting"], self.acting_device)
         if not self.runner.jax_path:
@@ -386,13 +408,17 @@ class Loop:
         env_steps, updates = self.counters(state)
         final = self.history[-1] if self.history else np.full(cfg.pop_size, np.nan)
         best = max((float(np.nanmax(r)) for r in self.history if np.isfinite(r).any()), default=float("nan"))
-        return {
+        summary = {
             "learner": cfg.learner, "env": cfg.env, "driver": cfg.driver, "pop_size": cfg.pop_size,
             "seed": cfg.seed, "env_steps": env_steps, "updates": updates,
             "wall_s": round(self.wall_s, 3), "compile_s": round(self.compiler.compile_s, 3),
             "best_return": best, "final_returns": [float(r) for r in final],
             **self.driver.host.summary(state),
         }
+        costs = LEARNERS[cfg.learner].costs
+        if costs is not None:
+            summary["costs"] = costs(make_learner_config(cfg), self.runner.spec, fetch(self.driver.host.hparams(state)))
+        return summary
 
 
 def crossed(before: int, after: int, interval: int) -> bool:

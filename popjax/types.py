@@ -87,3 +87,16 @@ class Trajectory:
 
     transitions: Transition
     ended: jax.Array
+
+
+@struct.dataclass
+class Windows:
+    """``n`` consecutive transitions of one env per sample (multi-step targets): leaves ``[B, n, ...]``, and
+    ``ended[b, k]`` True when that env's episode ended at step ``k`` of the window (as in ``Trajectory``)."""
+
+    transitions: Transition
+    ended: jax.Array
+
+    def first(self) -> Transition:
+        """The first transition of every window, ``[B, ...]``: the sample the losses are about."""
+        return jax.tree.map(lambda x: x[:, 0], self.transitions)

@@ -7,6 +7,7 @@ import pytest
 
 from popjax import cli
 from popjax.config import ConfigError, make_config
+from popjax.learners import LEARNERS
 
 
 def run_cli(argv, capsys):
@@ -18,7 +19,7 @@ def run_cli(argv, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--learner", "ppo3"], "learner: 'ppo3' unknown (allowed: td3, sac, dqn, spo_dqn, spo_td3, ppo, a2c)"),
+        (["--learner", "ppo3"], f"learner: 'ppo3' unknown (allowed: {', '.join(LEARNERS)})"),
         (["--env", "gym:NoSuchEnv-v0"], "env:"),
         (["--env", "atari:Pong"], "prefix 'atari' unknown; allowed: gym, brax, probe"),
         (["--env", "brax:nope"], "allowed brax names"),

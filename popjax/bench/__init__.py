@@ -54,7 +54,7 @@ import tempfile
 from pathlib import Path
 
 STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "spo", "hts",
-           "report")
+           "sparse_inference", "report")
 
 _HELP = {
     "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
@@ -68,6 +68,7 @@ _HELP = {
     "spo": "SPO-TD3 time per local update vs replicas R (one per device) and local steps H, beside the thesis's "
            "scaling model (Eq. 5.6)",
     "hts": "HTS-RL env steps/s vs lock-step: step-time distributions, alpha, actor threads, beside the runtime model",
+    "sparse_inference": "CPU latency of a sparse RLx2 actor executed sparsely (compact, BCOO) vs dense",
     "report": "regenerate benchmarks/RESULTS.md from the JSON results",
 }
 

@@ -39,7 +39,7 @@ def main(options: Options) -> Path:
 
 
 STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "spo",
-               "hts")
+               "hts", "sparse_inference")
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -558,6 +558,20 @@ def _rate(r: dict[str, Any] | None) -> str:
     return f"{r['per_s'] / 1e6:.3g} ({r['per_s_iqr'] / 1e6:.2g})"
 
 
+def section_sparse_inference(p: dict[str, Any]) -> list[str]:
+    prm = p["params"]
+    lines = _head("## sparse_inference — an RLx2 actor executed sparsely vs dense (CPU latency)", p, "sparse_inference")
+    lines += [f"Actor {prm.get('obs')} -> {' -> '.join(str(h) for h in prm.get('hidden', []))} -> {prm.get('action')} "
+              "with Erdos-Renyi masks; one jitted forward per timed call, median (IQR) in µs of at least "
+              f"{prm.get('repeats', '?')} calls. 'compact': active links only (gather + segment_sum, the `popjax "
+              "export` format); 'bcoo': `jax.experimental.sparse`. 'vs dense' > 1 is faster than the dense kernels; "
+              "'FLOPs /' is the paper's FLOPs reduction of one forward.", ""]
+    table = [[f"{100 * r['sparsity']:g} %", r["batch"], r["impl"], _f(1e6 * r["median_s"], 1),
+              _f(1e6 * r["iqr_s"], 1), _f(r["speedup"], 2, "×"), _f(r["flops_reduction"], 1, "×"),
+              f"{r['max_abs_error']:.0e}"] for r in p["results"]]
+    return lines + _table(["sparsity", "batch", "impl", "µs", "IQR µs", "vs dense", "FLOPs /", "max error"], table)
+
+
 def section_per(p: dict[str, Any]) -> list[str]:
     prm = p["params"]
     lines = _head("## per — prioritized-replay sum tree: sample and update throughput", p, "per")
@@ -703,7 +717,8 @@ def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
         lines += [f"No targets judged: {targets_source} not found.", ""]
     sections = {"update": section_update, "roofline": section_roofline, "compile": section_compile,
                 "envstep": section_envstep, "train": section_train, "shared_critic": section_shared_critic,
-                "drivers": section_drivers, "per": section_per, "spo": section_spo, "hts": section_hts}
+                "drivers": section_drivers, "per": section_per, "spo": section_spo, "hts": section_hts,
+                "sparse_inference": section_sparse_inference}
     for study in STUDY_ORDER:
         for payload in data.get(study, []):
             fn = sections.get(study)

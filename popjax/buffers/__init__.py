@@ -6,7 +6,14 @@ from popjax.buffers.prioritized import (
     make_prioritized_buffer,
     per_hyperparams,
 )
-from popjax.buffers.uniform import Buffer, BufferState, make_uniform_buffer
+from popjax.buffers.uniform import (
+    Buffer,
+    BufferState,
+    drop_oldest,
+    make_uniform_buffer,
+    oldest_items,
+    sample_windows,
+)
 
 __all__ = [
     "Buffer",
@@ -15,7 +22,10 @@ __all__ = [
     "PrioritizedBuffer",
     "PrioritizedBufferState",
     "SampleInfo",
+    "drop_oldest",
     "make_prioritized_buffer",
     "make_uniform_buffer",
+    "oldest_items",
     "per_hyperparams",
+    "sample_windows",
 ]

@@ -60,9 +60,44 @@ def make_uniform_buffer(capacity: int, batch_size: int) -> Buffer:
 
     def sample(key: Key, state: BufferState) -> PyTree:
         idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(state.size, 1))
+        # Valid rows are the ``size`` before ``insert_pos``; for a buffer never shrunk (``drop_oldest``) that is
+        # rows [0, size) or all of them, so those draws stay the rows they always were.
+        idx = jnp.where(state.size == capacity, idx, (oldest_row(state) + idx) % capacity)
         return jax.tree.map(lambda buf: buf[idx], state.data)
 
     def can_sample(state: BufferState) -> jax.Array:
         return state.size >= batch_size
 
     return Buffer(init, add, sample, can_sample, capacity, batch_size)
+
+
+def oldest_row(state: BufferState) -> jax.Array:
+    """Row of the oldest valid item."""
+    capacity = jax.tree.leaves(state.data)[0].shape[0]
+    return (state.insert_pos - state.size) % capacity
+
+
+def oldest_items(state: BufferState, count: int) -> tuple[PyTree, jax.Array]:
+    """The ``count`` oldest items (leaves ``[count, ...]``) and which of them are valid (fewer when not full)."""
+    capacity = jax.tree.leaves(state.data)[0].shape[0]
+    rows = (oldest_row(state) + jnp.arange(count)) % capacity
+    return jax.tree.map(lambda buf: buf[rows], state.data), jnp.arange(count) < state.size
+
+
+def drop_oldest(state: BufferState, count: jax.Array) -> BufferState:
+    """Forgets the ``count`` oldest items (FIFO eviction; ``count`` may be traced, at most ``size``)."""
+    return state.replace(size=state.size - jnp.clip(count, 0, state.size).astype(state.size.dtype))
+
+
+def sample_windows(key: Key, state: BufferState, batch_size: int, length: int, stride: int) -> PyTree:
+    """``batch_size`` windows of ``length`` rows ``start, start + stride, ...``: leaves ``[batch_size, length, ...]``.
+
+    With rows added time-major for ``stride`` envs (row ``t * stride + e``) and a capacity that is a multiple of
+    ``stride``, a window is ``length`` consecutive steps of one env. Starts are uniform over the valid rows whose
+    whole window is valid (oldest first, so a window never runs into rows not yet written or overwritten).
+    """
+    capacity = jax.tree.leaves(state.data)[0].shape[0]
+    span = (length - 1) * stride
+    start = oldest_row(state) + jax.random.randint(key, (batch_size,), 0, jnp.maximum(state.size - span, 1))
+    rows = (start[:, None] + stride * jnp.arange(length)) % capacity
+    return jax.tree.map(lambda buf: buf[rows], state.data)

@@ -147,6 +147,16 @@ class DriverHost:
         del data
 
 
+class Maintenance(NamedTuple):
+    """A rare population call the loop runs after an iteration in which ``counters.updates`` crossed a
+    multiple of ``every`` (RLx2's topology step every ΔT updates): its own compiled program, outside the
+    K-step scan, so the K-step program carries no branch for it. ``run(key, state) -> (state, metrics)``;
+    its metrics join the iteration's."""
+
+    every: int
+    run: Callable[[Key, Any], tuple[Any, Metrics]]
+
+
 class Driver(NamedTuple):
     """What ``DriverDef.build`` returns (see the module docstring for how the loop uses it).
 
@@ -164,6 +174,7 @@ class Driver(NamedTuple):
       after_eval: optional ``(key, state, returns) -> (state, info)`` run after each evaluation.
       acting_view: optional ``state -> state``: the state with only what ``act`` reads (e.g. no
         replay buffer); the loop snapshots it to act while ``learn`` runs (``overlap``).
+      maintenance: optional ``Maintenance``, run every ``every`` updates per member.
     """
 
     init: Callable[[Key], Any]
@@ -177,6 +188,7 @@ class Driver(NamedTuple):
     prepare: Callable[[Key, Any], tuple[Any, Metrics]] | None = None
     after_eval: Callable[[Key, Any, jax.Array], tuple[Any, Any]] | None = None
     acting_view: Callable[[Any], Any] | None = None
+    maintenance: Maintenance | None = None
 
 
 @dataclasses.dataclass(frozen=True)

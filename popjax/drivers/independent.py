@@ -39,12 +39,30 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from popjax.buffers import BufferState, make_prioritized_buffer, make_uniform_buffer, per_hyperparams
+from popjax.buffers import (
+    BufferState,
+    drop_oldest,
+    make_prioritized_buffer,
+    make_uniform_buffer,
+    oldest_items,
+    per_hyperparams,
+    sample_windows,
+)
 from popjax.config import ConfigError
-from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, Episodes, Rollout, train_unless
+from popjax.drivers.base import (
+    BuildContext,
+    Counters,
+    Driver,
+    DriverDef,
+    DriverHost,
+    Episodes,
+    Maintenance,
+    Rollout,
+    train_unless,
+)
 from popjax.envs.runner import Experience
 from popjax.learners.base import chunk_update
-from popjax.types import EnvSpec, Key, Trajectory, dummy_transition
+from popjax.types import EnvSpec, Key, Trajectory, Windows, dummy_transition
 
 
 @struct.dataclass
@@ -86,12 +104,20 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
     buffer = (make_prioritized_buffer(cfg.buffer_size, cfg.batch_size, banks=banks, delay=cfg.per_delay)
               if prioritized
               else make_uniform_buffer(cfg.buffer_size, cfg.batch_size))
-    new_buffer = ((lambda: buffer.init(dummy_transition(spec), per_hyperparams(cfg.per_alpha, cfg.per_beta,
-                                                                               cfg.per_eps)))
-                  if prioritized else (lambda: buffer.init(dummy_transition(spec))))
+    window = learner.window
+    if window > 1 and (prioritized or cfg.buffer_size % cfg.envs_per_member):
+        raise ConfigError(f"buffer_size: multi-step windows need a uniform buffer whose size is a multiple of "
+                          f"envs_per_member ({cfg.envs_per_member}), got {cfg.buffer_size} ({cfg.buffer})")
+    # Multi-step learners read windows of one env's consecutive rows, so rows keep their episode-end flags.
+    row = (dummy_transition(spec), jnp.zeros((), bool)) if window > 1 else dummy_transition(spec)
+    new_buffer = ((lambda: buffer.init(row, per_hyperparams(cfg.per_alpha, cfg.per_beta, cfg.per_eps)))
+                  if prioritized else (lambda: buffer.init(row)))
     rollout = Rollout(cfg.rollout_len, cfg.envs_per_member)
     k, chunk = cfg.updates_per_iter, learner.chunk
-    v_sample = jax.vmap(buffer.sample)
+    if window > 1:
+        v_sample = jax.vmap(lambda k_, b: Windows(*sample_windows(k_, b, cfg.batch_size, window, cfg.envs_per_member)))
+    else:
+        v_sample = jax.vmap(buffer.sample)
     # A chunk of consecutive updates per member (keys [chunk], batches [chunk, B, ...]): vmapped over members.
     v_chunk = jax.vmap(chunk_update(learner), in_axes=(1, 0, 1, 0))
 
@@ -165,10 +191,34 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
         carry, metrics = jax.lax.scan(one_chunk, (state.learner, state.buffer), step_keys)
         return carry, jax.tree.map(lambda m: m.mean(axis=0), metrics)
 
+    def shrink_replay(state):
+        """The learner's dynamic replay capacity: when the env steps cross a multiple of its check interval (a
+        ``cond`` outside the member vmap), each member forgets the oldest rows its ``replay_shrink`` asks for."""
+        every, before = learner.replay_check_every, state.counters.env_steps
+        due = (before + rollout.steps_per_member) // every > before // every
+
+        def shrink(buffers):
+            def one(learner_state, buf, hp):
+                rows, valid = oldest_items(buf, learner.replay_oldest)
+                count, distance = learner.replay_shrink(learner_state, rows[0] if window > 1 else rows, valid,
+                                                        buf.size, hp)
+                return drop_oldest(buf, count), distance
+
+            return jax.vmap(one)(state.learner, buffers, state.hparams)
+
+        buffers, distance = jax.lax.cond(
+            due, shrink, lambda b: (b, jnp.full((members.local,), jnp.nan)), state.buffer)
+        return state.replace(buffer=buffers), {"replay_size": buffers.size.astype(jnp.float32),
+                                               "policy_distance": distance}
+
     def learn(key: Key, state, experience: Experience):
         """Adds the rollout to each member's buffer, then trains (after warm-up)."""
         warm = warming_up(state)
-        state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, experience.transitions))
+        rows = (experience.transitions, experience.ended) if window > 1 else experience.transitions
+        state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, rows))
+        replay_metrics = {}
+        if learner.replay_shrink is not None:
+            state, replay_metrics = shrink_replay(state)
         if prioritized:
             (learner_state, buffers), metrics = train_unless(
                 warm, train_prioritized_chunks if chunked_per else train_prioritized, key, state,
@@ -177,14 +227,25 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
         else:
             learner_state, metrics = train_unless(warm, train, key, state, kept=state.learner)
         counters = state.counters.advance(rollout.steps_per_member, jnp.where(warm, 0, k))
-        return state.replace(learner=learner_state, counters=counters), metrics
+        return state.replace(learner=learner_state, counters=counters), {**metrics, **replay_metrics}
+
+    def maintain(key: Key, state):
+        """The learner's ``maintain`` for every member on a fresh batch (after warm-up: the updates counted)."""
+        sample_key, update_key = jax.random.split(key)
+        batches = v_sample(members.keys(sample_key), state.buffer)
+        if prioritized:
+            batches = batches[0]
+        learner_state, metrics = jax.vmap(learner.maintain)(members.keys(update_key), state.learner, batches,
+                                                            state.hparams)
+        return state.replace(learner=learner_state), metrics
 
     def policy(state, obs: jax.Array) -> jax.Array:
         return jax.vmap(learner.policy)(state.learner, obs)
 
+    maintenance = Maintenance(learner.maintain_every, maintain) if learner.maintain is not None else None
     return Driver(init=init, interaction=rollout, act=act, learn=learn, evaluation=Episodes(cfg.eval_episodes),
                   policy=policy, member_axes=member_axes, host=DriverHost(lambda state: state.hparams),
-                  acting_view=lambda state: state.replace(buffer=None))
+                  acting_view=lambda state: state.replace(buffer=None), maintenance=maintenance)
 
 
 def _trajectory(experience: Experience, rollout: Rollout) -> Trajectory:

@@ -55,6 +55,17 @@ class Learner(NamedTuple):
     Such a learner keeps no replay buffer; its ``LearnerDef.on_policy`` is True. ``rollout_updates`` is
     the number of gradient steps one ``update_rollout`` makes (PPO: epochs x minibatches; A2C: 1), what
     drivers add to ``Counters.updates``.
+
+    Optional, for rare state changes outside the K-step scan (RLx2's topology steps): ``maintain(key, state,
+    batch, hparams) -> (state, metrics)``, which drivers run as their own compiled call (``Maintenance``) every
+    ``maintain_every`` updates, on a freshly sampled batch.
+
+    ``window`` > 1: the learner's batches are ``popjax.types.Windows`` of that many consecutive transitions of
+    one env (multi-step targets) instead of transitions.
+
+    Optional, a dynamic-capacity replay (RLx2): every ``replay_check_every`` env steps drivers call
+    ``replay_shrink(state, oldest [replay_oldest, ...], valid [replay_oldest], size, hparams) -> (count, distance)``
+    with the member's oldest transitions and forget its ``count`` oldest ones.
     """
 
     init: Callable[[Key, Any], Any]
@@ -69,6 +80,12 @@ class Learner(NamedTuple):
                                     tuple[Any, Metrics, jax.Array]] | None = None
     banks: int = 1
     rollout_updates: int = 1
+    maintain: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
+    maintain_every: int = 0
+    window: int = 1
+    replay_shrink: Callable[[Any, Transition, jax.Array, jax.Array, Any], tuple[jax.Array, jax.Array]] | None = None
+    replay_check_every: int = 0
+    replay_oldest: int = 0
 
 
 def chunk_update(learner: Learner) -> Callable:
@@ -120,6 +137,11 @@ class LearnerDef:
     # An on-policy learner (``Learner.update_rollout``): trained on each iteration's trajectories,
     # no replay buffer; only drivers whose ``DriverDef.on_policy`` is True accept it.
     on_policy: bool = False
+    # (config, spec, hparams [pop] on the host) -> {name: [value per member]}: the learner's compute and memory
+    # costs (RLx2: model sizes and FLOPs against dense), written to summary.json's "costs" and the results table.
+    costs: Callable[[Any, EnvSpec, Any], dict[str, list[float]]] | None = None
+    # state -> the params of a deterministic MLP actor (``popjax export``); None: nothing to export.
+    actor_params: Callable[[Any], PyTree] | None = None
 
 
 # Adam without its learning rate: `params - lr * scale_by_adam(grads)` equals Adam(lr)

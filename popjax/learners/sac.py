@@ -25,7 +25,10 @@ target and the actor loss. Randomness: ``key_next, key_actor = jax.random.split(
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -115,7 +118,55 @@ def squashed_gaussian(mean: jax.Array, log_std: jax.Array, noise: jax.Array) -> 
     return jnp.tanh(u), jnp.sum(gaussian_log_prob - log_det, axis=-1)
 
 
-def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
+def _identity(tree: PyTree) -> PyTree:
+    return tree
+
+
+@dataclasses.dataclass(frozen=True)
+class SACSteps:
+    """How a SAC update changes the networks; the defaults are plain SAC. A variant passes its own (RLx2: masked
+    steps and target critic, a multi-step target) and reuses the update unchanged.
+
+    ``critic``/``actor``: ``(params, grads, opt_state, lr) -> (params, opt_state)``; ``critic_targets``: applied to
+    the target critic after each Polyak average; ``target(key, sample_fn, target_critic, actor, batch, alpha, hp)
+    -> y`` is the TD target (``sample_fn(key, actor, obs) -> (action, log_prob)``) and ``sample(batch)`` the
+    transitions ``[B, ...]`` the losses are about.
+    """
+
+    critic: Callable = adam_step
+    actor: Callable = adam_step
+    critic_targets: Callable[[PyTree], PyTree] = _identity
+    target: Callable | None = None  # None: the one-step target of ``sac_core``
+    sample: Callable = _identity
+
+
+PLAIN = SACSteps()
+
+
+class SACCore(NamedTuple):
+    """SAC's functions with the ``SACSteps`` as a last argument (``make_sac`` binds ``PLAIN``)."""
+
+    actor_net: GaussianActor
+    critic_net: TwinCritic
+    init: Callable
+    sample: Callable  # (key, actor params, obs) -> (action, log_prob)
+    critic_loss: Callable  # (critic params, batch, y, weights) -> (loss, q)
+    actor_loss: Callable  # (actor params, critic params, obs, alpha, key) -> (loss, log_prob)
+    update_weighted: Callable  # (key, state, batch, weights | None, hp, steps) -> (state, metrics, td_abs)
+    policy: Callable
+    act: Callable
+
+
+def one_step_target(key: Key, sample_fn, target_critic: PyTree, critic_net, actor: PyTree, batch: Transition,
+                    alpha: jax.Array, hp: SACHParams) -> jax.Array:
+    """``r * reward_scale + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s'))``, ``a' ~ pi(.|s')``."""
+    next_action, next_log_prob = sample_fn(key, actor, batch.next_obs)
+    next_q = critic_net.apply(target_critic, batch.next_obs, next_action).min(axis=0)
+    y = batch.reward * hp.reward_scale + hp.discount * (1.0 - batch.terminated) * (next_q - alpha * next_log_prob)
+    return jax.lax.stop_gradient(y)
+
+
+def sac_core(config: SACConfig, spec: EnvSpec) -> SACCore:
     actor_net = GaussianActor(config.hidden, spec.action_dim)
     critic_net = TwinCritic(config.hidden)
 
@@ -153,26 +204,26 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
     def alpha_loss_fn(log_alpha, log_prob, target_entropy):
         return jnp.mean(-log_alpha * jax.lax.stop_gradient(log_prob + target_entropy))
 
-    def update_weighted(key: Key, state: SACState, batch: Transition, weights: jax.Array | None, hp: SACHParams):
+    def update_weighted(key: Key, state: SACState, batch, weights: jax.Array | None, hp: SACHParams,
+                        steps: SACSteps = PLAIN):
         """``update`` with the critic loss weighted per sample; also ``|TD error|`` (the larger twin's)."""
         key_next, key_actor = jax.random.split(key)
         alpha = jnp.exp(state.log_alpha)
         target_entropy = -hp.target_entropy_scale * spec.action_dim
+        transitions = steps.sample(batch)
 
         # Critic (the target uses the online policy at s' and the target critic).
-        next_action, next_log_prob = sample(key_next, state.actor, batch.next_obs)
-        next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action).min(axis=0)
-        y = batch.reward * hp.reward_scale + hp.discount * (1.0 - batch.terminated) * (next_q - alpha * next_log_prob)
-        y = jax.lax.stop_gradient(y)
+        target = steps.target or one_step_target
+        y = target(key_next, sample, state.target_critic, critic_net, state.actor, batch, alpha, hp)
         (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
-            state.critic, batch, y, weights)
-        critic, critic_opt = adam_step(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
+            state.critic, transitions, y, weights)
+        critic, critic_opt = steps.critic(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
 
         # Actor, through the just-updated critic.
         (actor_loss, log_prob), actor_grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(
-            state.actor, critic, batch.obs, alpha, key_actor
+            state.actor, critic, transitions.obs, alpha, key_actor
         )
-        actor, actor_opt = adam_step(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
+        actor, actor_opt = steps.actor(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
 
         # Temperature.
         alpha_loss, alpha_grad = jax.value_and_grad(alpha_loss_fn)(state.log_alpha, log_prob, target_entropy)
@@ -181,7 +232,7 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
         new_state = SACState(
             actor=actor,
             critic=critic,
-            target_critic=polyak(state.target_critic, critic, hp.tau),
+            target_critic=steps.critic_targets(polyak(state.target_critic, critic, hp.tau)),
             actor_opt=actor_opt,
             critic_opt=critic_opt,
             log_alpha=log_alpha,
@@ -198,9 +249,6 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
         }
         return new_state, metrics, jnp.abs(q - y).max(axis=0)
 
-    def update(key: Key, state: SACState, batch: Transition, hp: SACHParams):
-        return update_weighted(key, state, batch, None, hp)[:2]
-
     def policy(state: SACState, obs: jax.Array) -> jax.Array:
         mean, _ = actor_net.apply(state.actor, obs)
         return jnp.tanh(mean)
@@ -210,7 +258,17 @@ def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
         action, _ = sample(key, state.actor, obs)
         return action
 
-    return Learner(init=init, update=update, act=act, policy=policy, update_weighted=update_weighted)
+    return SACCore(actor_net, critic_net, init, sample, critic_loss_fn, actor_loss_fn, update_weighted, policy, act)
+
+
+def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
+    core = sac_core(config, spec)
+
+    def update(key: Key, state: SACState, batch: Transition, hp: SACHParams):
+        return core.update_weighted(key, state, batch, None, hp)[:2]
+
+    return Learner(init=core.init, update=update, act=core.act, policy=core.policy,
+                   update_weighted=core.update_weighted)
 
 
 DEFINITION = LearnerDef(

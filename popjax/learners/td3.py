@@ -18,6 +18,8 @@ actor's loss on every step).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -116,7 +118,45 @@ def dpg_loss(actor_net, critic_net, actor: PyTree, critic: PyTree, obs: jax.Arra
     return -critic_net.apply(critic, obs, actor_net.apply(actor, obs))[0].mean()
 
 
-def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
+def _identity(tree: PyTree) -> PyTree:
+    return tree
+
+
+@dataclasses.dataclass(frozen=True)
+class TD3Steps:
+    """How a TD3 update changes the networks; the defaults are plain TD3. A variant passes its own (RLx2: masked
+    gradients, re-masked weights and targets) and reuses the update unchanged.
+
+    ``critic``/``actor``: ``(params, grads, opt_state, lr) -> (params, opt_state)``; ``critic_targets`` /
+    ``actor_targets``: applied to the targets after each Polyak average. ``target(key, actor_net, critic_net,
+    target_actor, target_critic, batch, hp) -> y`` is the TD target of a batch (RLx2: multi-step over windows) and
+    ``sample(batch)`` the transitions ``[B, ...]`` the losses are about (the first of each window).
+    """
+
+    critic: Callable = adam_step
+    actor: Callable = adam_step
+    critic_targets: Callable[[PyTree], PyTree] = _identity
+    actor_targets: Callable[[PyTree], PyTree] = _identity
+    target: Callable = target_q
+    sample: Callable = _identity
+
+
+PLAIN = TD3Steps()
+
+
+class TD3Core(NamedTuple):
+    """TD3's functions with the ``TD3Steps`` as a last argument (``make_td3`` binds ``PLAIN``)."""
+
+    actor_net: DeterministicActor
+    critic_net: TwinCritic
+    init: Callable
+    update_weighted: Callable  # (key, state, batch, weights | None, hp, steps) -> (state, metrics, td_abs)
+    update_chunk: Callable  # (keys [d], state, batches [d, B, ...], hp, steps) -> (state, metrics)
+    policy: Callable
+    act: Callable
+
+
+def td3_core(config: TD3Config, spec: EnvSpec) -> TD3Core:
     actor_net = DeterministicActor(config.hidden, spec.action_dim)
     critic_net = TwinCritic(config.hidden)
 
@@ -133,28 +173,33 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
             steps=jnp.zeros((), jnp.int32),
         )
 
-    def critic_update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams, weights=None):
+    def critic_update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams, steps: TD3Steps, weights=None):
         """Also returns ``|TD error|`` per sample, the larger of the twin critics' (as LAP, Fujimoto et al. 2020)."""
-        y = target_q(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
+        y = steps.target(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
         (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
-            state.critic, critic_net, batch, y, weights
+            state.critic, critic_net, steps.sample(batch), y, weights
         )
-        critic, critic_opt = adam_step(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
+        critic, critic_opt = steps.critic(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
         return critic, critic_opt, critic_loss, q, jnp.abs(q - y).max(axis=0)
 
-    def actor_update(state: TD3State, critic: PyTree, batch: Transition, hp: TD3HParams):
+    def actor_update(state: TD3State, critic: PyTree, batch: Transition, hp: TD3HParams, steps: TD3Steps):
         actor_loss, actor_grads = jax.value_and_grad(
-            lambda actor: dpg_loss(actor_net, critic_net, actor, critic, batch.obs))(state.actor)
-        actor, actor_opt = adam_step(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
+            lambda actor: dpg_loss(actor_net, critic_net, actor, critic, steps.sample(batch).obs))(state.actor)
+        actor, actor_opt = steps.actor(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
         return actor, actor_opt, actor_loss
 
-    def update_weighted(key: Key, state: TD3State, batch: Transition, weights: jax.Array | None, hp: TD3HParams):
-        critic, critic_opt, critic_loss, q, td_abs = critic_update(key, state, batch, hp, weights)
-        actor, actor_opt, actor_loss = actor_update(state, critic, batch, hp)
+    def targets(state: TD3State, actor: PyTree, critic: PyTree, hp: TD3HParams, steps: TD3Steps):
+        return (steps.actor_targets(polyak(state.target_actor, actor, hp.tau)),
+                steps.critic_targets(polyak(state.target_critic, critic, hp.tau)))
+
+    def update_weighted(key: Key, state: TD3State, batch: Transition, weights: jax.Array | None, hp: TD3HParams,
+                        steps: TD3Steps = PLAIN):
+        critic, critic_opt, critic_loss, q, td_abs = critic_update(key, state, batch, hp, steps, weights)
+        actor, actor_opt, actor_loss = actor_update(state, critic, batch, hp, steps)
         is_policy_step = (state.steps + 1) % hp.policy_delay == 0
         actor, actor_opt = select(is_policy_step, (actor, actor_opt), (state.actor, state.actor_opt))
-        target_actor = select(is_policy_step, polyak(state.target_actor, actor, hp.tau), state.target_actor)
-        target_critic = select(is_policy_step, polyak(state.target_critic, critic, hp.tau), state.target_critic)
+        target_actor, target_critic = select(is_policy_step, targets(state, actor, critic, hp, steps),
+                                             (state.target_actor, state.target_critic))
 
         new_state = TD3State(
             actor=actor,
@@ -168,26 +213,23 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
         metrics = {"critic_loss": critic_loss, "actor_loss": actor_loss, "q_mean": q.mean()}
         return new_state, metrics, td_abs
 
-    def update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams):
-        return update_weighted(key, state, batch, None, hp)[:2]
-
-    def update_chunk(keys: Key, state: TD3State, batches: Transition, hp: TD3HParams):
+    def update_chunk(keys: Key, state: TD3State, batches: Transition, hp: TD3HParams, steps: TD3Steps = PLAIN):
         """``d`` updates (``fixed_policy_delay``): ``d - 1`` critic-only steps, then the policy step."""
 
         def critic_only(state, xs):
             key, batch = xs
-            critic, critic_opt, critic_loss, q, _ = critic_update(key, state, batch, hp)
+            critic, critic_opt, critic_loss, q, _ = critic_update(key, state, batch, hp, steps)
             return state.replace(critic=critic, critic_opt=critic_opt, steps=state.steps + 1), (critic_loss, q.mean())
 
         head = jax.tree.map(lambda x: x[:-1], (keys, batches))
         # unrolled: d - 1 is small, and XLA's cost analysis then counts every step (it counts a loop body once)
         state, (critic_losses, q_means) = jax.lax.scan(critic_only, state, head, unroll=True)
         batch = jax.tree.map(lambda x: x[-1], batches)
-        critic, critic_opt, critic_loss, q, _ = critic_update(keys[-1], state, batch, hp)
-        actor, actor_opt, actor_loss = actor_update(state, critic, batch, hp)
-        new_state = TD3State(actor=actor, critic=critic, target_actor=polyak(state.target_actor, actor, hp.tau),
-                             target_critic=polyak(state.target_critic, critic, hp.tau), actor_opt=actor_opt,
-                             critic_opt=critic_opt, steps=state.steps + 1)
+        critic, critic_opt, critic_loss, q, _ = critic_update(keys[-1], state, batch, hp, steps)
+        actor, actor_opt, actor_loss = actor_update(state, critic, batch, hp, steps)
+        target_actor, target_critic = targets(state, actor, critic, hp, steps)
+        new_state = TD3State(actor=actor, critic=critic, target_actor=target_actor, target_critic=target_critic,
+                             actor_opt=actor_opt, critic_opt=critic_opt, steps=state.steps + 1)
         metrics = {"critic_loss": jnp.append(critic_losses, critic_loss).mean(), "actor_loss": actor_loss,
                    "q_mean": jnp.append(q_means, q.mean()).mean()}
         return new_state, metrics
@@ -199,9 +241,18 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
         action = policy(state, obs)
         return jnp.clip(action + hp.exploration_noise * jax.random.normal(key, action.shape), -1.0, 1.0)
 
+    return TD3Core(actor_net, critic_net, init, update_weighted, update_chunk, policy, act)
+
+
+def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
+    core = td3_core(config, spec)
+
+    def update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams):
+        return core.update_weighted(key, state, batch, None, hp)[:2]
+
     delay = config.fixed_policy_delay
-    return Learner(init=init, update=update, act=act, policy=policy, chunk=delay or 1,
-                   update_chunk=update_chunk if delay else None, update_weighted=update_weighted)
+    return Learner(init=core.init, update=update, act=core.act, policy=core.policy, chunk=delay or 1,
+                   update_chunk=core.update_chunk if delay else None, update_weighted=core.update_weighted)
 
 
 def specialize(config: TD3Config, hparams: TD3HParams, updates_per_call: int, searched: frozenset[str]) -> TD3Config:
@@ -227,4 +278,5 @@ DEFINITION = LearnerDef(
     default_hparams=default_hparams,
     action_kind="continuous",
     specialize=specialize,
+    actor_params=lambda state: state.actor,
 )
