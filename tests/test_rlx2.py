@@ -243,6 +243,7 @@ def test_pbt_exploits_keep_exact_masks(tmp_path):
     ({"learner_config": {"n_step": 0}}, "learner_config.n_step"),
     ({"learner_config": {"n_step": 500}}, "learner_config.n_step: 500 is longer than the episode limit"),
     ({"buffer_size": 999}, "buffer_size: multi-step windows"),
+    ({"driver": "hts", "env": "gym:Pendulum-v1"}, "learner: rlx2_td3 needs multi-step windows"),
 ])
 def test_bad_input_is_one_line_naming_the_field(change, field, tmp_path):
     options = {**RUN, **change}

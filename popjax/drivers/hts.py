@@ -468,6 +468,10 @@ class HtsHost(DriverHost):
 def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], Any] | None = None) -> Driver:
     cfg, spec, learner, members = ctx.config, ctx.spec, ctx.learner, ctx.members
     on_policy = learner.update_rollout is not None
+    if learner.window > 1 or learner.maintain is not None or learner.replay_shrink is not None:
+        # Its segment replay holds single transitions and it schedules no maintenance: refuse, never skip them.
+        raise ConfigError(f"learner: {cfg.learner} needs multi-step windows, topology steps or a dynamic replay, "
+                          "which the hts driver does not run (allowed: independent or pbt drivers)")
     n, envs, alpha = members.local, cfg.envs_per_member, options.alpha
     if members.local != cfg.pop_size:
         raise ConfigError("parallel: the hts driver runs one program for the whole population (not pmap)")
