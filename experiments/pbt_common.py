@@ -1,6 +1,6 @@
 """PBT vs the same population trained independently with default hparams (best-of-N), shared code.
 
-Used by ``pbt_td3_halfcheetah.py`` and ``pbt_sac_halfcheetah.py``. Both arms use the same
+Used by ``pbt_td3_halfcheetah.py``, ``pbt_sac_halfcheetah.py`` and ``pbt_ppo_halfcheetah.py``. Both arms use the same
 population size, seed, network, batch, budget and evaluation; they differ only in the driver:
 
   * ``pbt``: hparams sampled from the fast-PBT paper's prior; every ``interval`` env steps the
@@ -100,7 +100,7 @@ def main(learner: str, name: str, defaults: dict) -> None:
 
     import popjax
 
-    options = common_options(learner, args)
+    options = {**common_options(learner, args), **defaults.get("run", {})}  # e.g. an on-policy learner's rollout
     if args.arm in ("pbt", "both"):
         popjax.train(out_dir=args.out / "pbt", driver="pbt",
                      pbt={"interval": args.interval, "quantile": 0.3, "explore": "resample", "fitness_window": 2},
