@@ -128,3 +128,13 @@ def test_console_script_prints_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip() == "popjax: error: pop_size: must lie in [1, 65536], got -3"
+
+
+def test_importing_popjax_starts_no_jax_backend():
+    # jax.distributed and the overlap's extra CPU device must be set up before JAX starts: no module may
+    # create an array at import time (e.g. a default hyperparameter as a module constant).
+    code = ("import popjax, popjax.cli, popjax.loop, popjax.experiment, popjax.drivers, popjax.learners, "
+            "popjax.bench, popjax.export\n"
+            "from jax._src import xla_bridge\n"
+            "assert not xla_bridge.backends_are_initialized()")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -132,19 +132,21 @@ class RLx2SACHParams(SparsityHParams, sac.SACHParams):
     """SAC's hyperparameters and the sparsities."""
 
 
-SPARSITY_DEFAULTS = {"actor_sparsity": scalar(0.9), "critic_sparsity": scalar(0.9), "drop_fraction": scalar(0.5)}
+def sparsity_defaults() -> dict[str, jax.Array]:
+    """90 % sparse actor and critic, zeta0 = 0.5 (a function: importing popjax must not start JAX)."""
+    return {"actor_sparsity": scalar(0.9), "critic_sparsity": scalar(0.9), "drop_fraction": scalar(0.5)}
 
 
 def default_hparams(config: RLx2TD3Config | None = None) -> RLx2TD3HParams:
     """TD3's defaults, 90 % sparse actor and critic, zeta0 = 0.5 (the released code's)."""
     base = td3.default_hparams()
-    return RLx2TD3HParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, **SPARSITY_DEFAULTS)
+    return RLx2TD3HParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, **sparsity_defaults())
 
 
 def default_sac_hparams(config: RLx2Config | None = None) -> RLx2SACHParams:
     """SAC's defaults, 90 % sparse actor and critic, zeta0 = 0.5."""
     base = sac.default_hparams()
-    return RLx2SACHParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, **SPARSITY_DEFAULTS)
+    return RLx2SACHParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, **sparsity_defaults())
 
 
 @struct.dataclass
