@@ -59,9 +59,8 @@ from popjax.drivers.base import (
     run_config,
     train_unless,
 )
-from popjax.drivers.independent import random_actions
+from popjax.drivers.independent import init_members, member_policy, random_actions, replay_updates
 from popjax.envs.gymnasium import SEED_STRIDE
-from popjax.learners.base import chunk_update
 from popjax.schema import Bool, Float, Int, OneOf, problem
 from popjax.types import EnvSpec, Key, Trajectory, Transition, dummy_transition
 
@@ -482,8 +481,7 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
     warmup = 0 if on_policy else cfg.warmup_steps
 
     def init(key: Key) -> HtsState:
-        hparams = members.take(ctx.hparams)
-        learner_state = jax.vmap(learner.init)(members.keys(key), hparams)
+        learner_state, hparams = init_members(ctx, key)
         pending = buf = None
         if on_policy:
             zero = dummy_transition(spec)
@@ -534,16 +532,8 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
             behaviour = state.behaviour if options.delayed_gradient == "eq6" else state.learner
             return jax.vmap(learner.update_rollout)(members.keys(key), state.learner, state.pending, state.hparams,
                                                     behaviour)
-        v_chunk = jax.vmap(chunk_update(learner), in_axes=(1, 0, 1, 0))
-        v_sample = jax.vmap(buffer.sample)
-
-        def one_chunk(learner_state, chunk_keys):
-            sample_keys, update_keys = jnp.moveaxis(jax.vmap(jax.random.split)(chunk_keys), 1, 0)
-            batches = jax.vmap(lambda k_: v_sample(members.keys(k_), state.buffer))(sample_keys)
-            return v_chunk(jax.vmap(members.keys)(update_keys), learner_state, batches, state.hparams)
-
-        learner_state, metrics = jax.lax.scan(one_chunk, state.learner, jax.random.split(key, k).reshape(-1, chunk))
-        return learner_state, jax.tree.map(lambda x: x.mean(axis=0), metrics)
+        return replay_updates(learner, members, jax.vmap(buffer.sample), k, key, state.learner, state.buffer,
+                              state.hparams)
 
     def update(key: Key, state: HtsState):
         """The update of the staged segment (on-policy) or ``K`` replay updates (off-policy); skipped when no
@@ -566,9 +556,6 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
             state = state.replace(buffer=jax.vmap(buffer.add)(state.buffer, flat))
         return state.replace(has_pending=jnp.ones((), bool), counters=state.counters.advance(env_steps=alpha * envs))
 
-    def policy(state, obs):
-        return jax.vmap(learner.policy)(state.learner, obs)
-
     if env_factory is None:
         from popjax.envs.gymnasium import make_env
         from popjax.envs.registry import parse
@@ -583,7 +570,8 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
                 "act_variable": act_variable}
     interaction = HtsInteraction(executors, programs, alpha * envs, cfg.total_env_steps)
     return Driver(init=init, interaction=interaction, act=None, learn=None, evaluation=Episodes(cfg.eval_episodes),
-                  policy=policy, member_axes=MEMBER_AXES, host=HtsHost(lambda s: s.hparams, interaction))
+                  policy=member_policy(learner), member_axes=MEMBER_AXES,
+                  host=HtsHost(lambda s: s.hparams, interaction))
 
 
 def _act_member(act_rows, keys, member, obs, warm):

@@ -85,6 +85,35 @@ def random_actions(spec: EnvSpec, key: Key, obs: jax.Array) -> jax.Array:
     return jax.random.uniform(key, obs.shape[:1] + (spec.action_dim,), minval=-1.0, maxval=1.0)
 
 
+def init_members(ctx: BuildContext, key: Key) -> tuple[Any, Any]:
+    """``(learner states, hparams)`` of the members this program holds."""
+    hparams = ctx.members.take(ctx.hparams)
+    return jax.vmap(ctx.learner.init)(ctx.members.keys(key), hparams), hparams
+
+
+def member_policy(learner) -> Any:
+    """The population's deterministic policy ``(state, obs [pop, ...]) -> actions`` for a state with ``learner``."""
+    return lambda state, obs: jax.vmap(learner.policy)(state.learner, obs)
+
+
+def replay_updates(learner, members, v_sample, k: int, key: Key, learner_state, buffers, hparams):
+    """K gradient steps for every member, in chunks of the learner's ``chunk`` (1: one update per scan step);
+    step ``i`` samples (``v_sample(member keys, buffers)``) and updates with the keys of ``split(key, K)[i]``
+    either way. Returns the learner states and the metrics, means over the K steps, ``[pop]``."""
+    chunk = learner.chunk
+    # A chunk of consecutive updates per member (keys [chunk], batches [chunk, B, ...]): vmapped over members.
+    v_chunk = jax.vmap(chunk_update(learner), in_axes=(1, 0, 1, 0))
+
+    def one_chunk(learner_state, chunk_keys):
+        sample_keys, update_keys = jnp.moveaxis(jax.vmap(jax.random.split)(chunk_keys), 1, 0)
+        batches = jax.vmap(lambda k_: v_sample(members.keys(k_), buffers))(sample_keys)  # [chunk, pop, ...]
+        return v_chunk(jax.vmap(members.keys)(update_keys), learner_state, batches, hparams)
+
+    step_keys = jax.random.split(key, k).reshape(k // chunk, chunk)
+    learner_state, metrics = jax.lax.scan(one_chunk, learner_state, step_keys)
+    return learner_state, jax.tree.map(lambda m: m.mean(axis=0), metrics)
+
+
 def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AXES) -> Driver:
     """The independent population's functions, for ``state_cls`` (``PopState`` or one extending its fields)."""
     learner, spec, members, cfg = ctx.learner, ctx.spec, ctx.members, ctx.config
@@ -118,15 +147,11 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
         v_sample = jax.vmap(lambda k_, b: Windows(*sample_windows(k_, b, cfg.batch_size, window, cfg.envs_per_member)))
     else:
         v_sample = jax.vmap(buffer.sample)
-    # A chunk of consecutive updates per member (keys [chunk], batches [chunk, B, ...]): vmapped over members.
-    v_chunk = jax.vmap(chunk_update(learner), in_axes=(1, 0, 1, 0))
-
     def warming_up(state) -> jax.Array:
         return state.counters.env_steps < cfg.warmup_steps
 
     def init(key: Key, **extra) -> Any:
-        hparams = members.take(ctx.hparams)
-        learner_state = jax.vmap(learner.init)(members.keys(key), hparams)
+        learner_state, hparams = init_members(ctx, key)
         buffers = jax.vmap(lambda _: new_buffer())(jnp.arange(members.local))
         return state_cls(learner=learner_state, buffer=buffers, hparams=hparams, counters=Counters.zeros(), **extra)
 
@@ -138,18 +163,7 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
                             lambda: jax.vmap(learner.act)(keys, state.learner, obs, state.hparams))
 
     def train(key: Key, state):
-        """K gradient steps for every member, in chunks of the learner's ``chunk`` (1: one update per scan
-        step); step ``i`` samples and updates with the keys of ``split(key, K)[i]`` either way. Metrics are
-        means over the K steps, ``[pop]``."""
-
-        def one_chunk(learner_state, chunk_keys):
-            sample_keys, update_keys = jnp.moveaxis(jax.vmap(jax.random.split)(chunk_keys), 1, 0)
-            batches = jax.vmap(lambda k_: v_sample(members.keys(k_), state.buffer))(sample_keys)  # [chunk, pop, ...]
-            return v_chunk(jax.vmap(members.keys)(update_keys), learner_state, batches, state.hparams)
-
-        step_keys = jax.random.split(key, k).reshape(k // chunk, chunk)
-        learner_state, metrics = jax.lax.scan(one_chunk, state.learner, step_keys)
-        return learner_state, jax.tree.map(lambda m: m.mean(axis=0), metrics)
+        return replay_updates(learner, members, v_sample, k, key, state.learner, state.buffer, state.hparams)
 
     def train_prioritized(key: Key, state):
         """K single steps, each: sample by priority, weighted update, write the new priorities. Returns
@@ -239,12 +253,9 @@ def make_population(ctx: BuildContext, state_cls=PopState, member_axes=MEMBER_AX
                                                             state.hparams)
         return state.replace(learner=learner_state), metrics
 
-    def policy(state, obs: jax.Array) -> jax.Array:
-        return jax.vmap(learner.policy)(state.learner, obs)
-
     maintenance = Maintenance(learner.maintain_every, maintain) if learner.maintain is not None else None
     return Driver(init=init, interaction=rollout, act=act, learn=learn, evaluation=Episodes(cfg.eval_episodes),
-                  policy=policy, member_axes=member_axes, host=DriverHost(lambda state: state.hparams),
+                  policy=member_policy(learner), member_axes=member_axes, host=DriverHost(lambda state: state.hparams),
                   acting_view=lambda state: state.replace(buffer=None), maintenance=maintenance)
 
 
@@ -261,8 +272,7 @@ def _on_policy_population(ctx: BuildContext, state_cls, member_axes) -> Driver:
     _check_rollout_shape(ctx, rollout)
 
     def init(key: Key, **extra) -> Any:
-        hparams = members.take(ctx.hparams)
-        learner_state = jax.vmap(learner.init)(members.keys(key), hparams)
+        learner_state, hparams = init_members(ctx, key)
         return state_cls(learner=learner_state, buffer=None, hparams=hparams, counters=Counters.zeros(), **extra)
 
     def act(key: Key, state, obs: jax.Array) -> jax.Array:
@@ -276,11 +286,8 @@ def _on_policy_population(ctx: BuildContext, state_cls, member_axes) -> Driver:
         counters = state.counters.advance(rollout.steps_per_member, learner.rollout_updates)
         return state.replace(learner=learner_state, counters=counters), metrics
 
-    def policy(state, obs: jax.Array) -> jax.Array:
-        return jax.vmap(learner.policy)(state.learner, obs)
-
     return Driver(init=init, interaction=rollout, act=act, learn=learn, evaluation=Episodes(cfg.eval_episodes),
-                  policy=policy, member_axes=member_axes, host=DriverHost(lambda state: state.hparams))
+                  policy=member_policy(learner), member_axes=member_axes, host=DriverHost(lambda state: state.hparams))
 
 
 def _check_rollout_shape(ctx: BuildContext, rollout: Rollout) -> None:
