@@ -165,6 +165,10 @@ def polyak(target: PyTree, online: PyTree, tau: jax.Array) -> PyTree:
     return jax.tree.map(lambda t, o: t + tau * (o - t), target, online)
 
 
+def identity(tree: PyTree) -> PyTree:
+    return tree
+
+
 def select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
     """Leafwise ``where`` on a scalar predicate.
 

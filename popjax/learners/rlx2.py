@@ -50,7 +50,7 @@ from pydantic import Field
 from popjax import schema
 from popjax.config import ConfigError
 from popjax.learners import sac, td3
-from popjax.learners.base import BatchSize, Hidden, Learner, LearnerDef, adam_step, scalar
+from popjax.learners.base import BatchSize, Hidden, Learner, LearnerDef, adam_step, init_actor_critic, scalar
 from popjax.networks import sparse
 from popjax.population.hparams import hparam
 from popjax.types import EnvSpec, Key, PyTree, Transition, Windows
@@ -256,10 +256,9 @@ def masked_target_fn(tree_mask: PyTree):
 class Base(NamedTuple):
     """What RLx2 needs of the algorithm it makes sparse (``td3_base``, ``sac_base``)."""
 
-    kind: str  # the FLOPs formula: "td3" or "sac"
     core: Any
     steps: Callable  # (state: RLx2State, steps_used | None) -> the core's Steps with masks and target
-    targets: Callable  # inner -> {field: (params, mask name)} of the target networks to re-mask
+    targets: dict[str, str]  # target network field -> the mask it shares
     grads: Callable  # (key, inner, batch, hp, steps) -> (actor grads, critic grads), dense
     actor_updates: Callable  # (inner, hp) -> actor updates so far
     delay: Callable  # hp -> actor update period (TD3: policy_delay; SAC: 1)
@@ -288,8 +287,8 @@ def td3_base(config: RLx2TD3Config, spec: EnvSpec) -> Base:
             inner.actor)
         return actor, critic
 
-    return Base("td3", core, steps, lambda inner: {"target_actor": "actor_mask", "target_critic": "critic_mask"},
-                grads, lambda inner, hp: inner.steps // hp.policy_delay, lambda hp: hp.policy_delay)
+    return Base(core, steps, {"target_actor": "actor_mask", "target_critic": "critic_mask"}, grads,
+                lambda inner, hp: inner.steps // hp.policy_delay, lambda hp: hp.policy_delay)
 
 
 def sac_base(config: RLx2Config, spec: EnvSpec) -> Base:
@@ -318,7 +317,7 @@ def sac_base(config: RLx2Config, spec: EnvSpec) -> Base:
         actor = jax.grad(lambda a: core.actor_loss(a, inner.critic, sample.obs, alpha, key_actor)[0])(inner.actor)
         return actor, critic
 
-    return Base("sac", core, steps, lambda inner: {"target_critic": "critic_mask"}, grads,
+    return Base(core, steps, {"target_critic": "critic_mask"}, grads,
                 lambda inner, hp: inner.steps, lambda hp: jnp.ones((), jnp.int32))
 
 
@@ -341,7 +340,7 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
         critic = sparse.apply_masks(inner.critic, critic_mask)
         # Targets start from the masked online networks (the released code copies them before masking).
         online = {"target_actor": actor, "target_critic": critic}
-        inner = inner.replace(actor=actor, critic=critic, **{t: online[t] for t in base.targets(inner)})
+        inner = inner.replace(actor=actor, critic=critic, **{t: online[t] for t in base.targets})
         return RLx2State(inner=inner, actor_mask=actor_mask, critic_mask=critic_mask)
 
     def update(key: Key, state: RLx2State, batch: Transition | Windows, hp):
@@ -386,7 +385,7 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
                                        actor_fraction, actor_due)
         masks = {"actor_mask": actor_mask, "critic_mask": critic_mask}
         # Targets share the online masks at once (the released code masks them at their next Polyak average).
-        targets = {t: sparse.apply_masks(getattr(inner, t), masks[m]) for t, m in base.targets(inner).items()}
+        targets = {t: sparse.apply_masks(getattr(inner, t), masks[m]) for t, m in base.targets.items()}
         state = RLx2State(inner=inner.replace(actor=actor, critic=critic, **targets), **masks)
         return state, {"critic_drop_fraction": critic_fraction,
                        "actor_drop_fraction": jnp.where(actor_due, actor_fraction, 0.0)}
@@ -446,7 +445,7 @@ def make_costs(kind: str):
     def costs(config: RLx2Config, spec: EnvSpec, hparams) -> dict[str, list[float]]:
         core = core_fn(config, spec)
         actor_params, critic_params = jax.eval_shape(
-            lambda: td3.init_actor_critic(jax.random.key(0), core.actor_net, core.critic_net, spec))
+            lambda: init_actor_critic(jax.random.key(0), core.actor_net, core.critic_net, spec))
         actor_shapes, critic_shapes = sparse.kernel_shapes(actor_params), sparse.kernel_shapes(critic_params)
         q_layers = len(critic_shapes) // 2
         rows: dict[str, list[float]] = {name: [] for name in (

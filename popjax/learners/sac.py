@@ -43,6 +43,7 @@ from popjax.learners.base import (
     LearnerDef,
     adam_init,
     adam_step,
+    identity,
     init_actor_critic,
     polyak,
     scalar,
@@ -118,10 +119,6 @@ def squashed_gaussian(mean: jax.Array, log_std: jax.Array, noise: jax.Array) -> 
     return jnp.tanh(u), jnp.sum(gaussian_log_prob - log_det, axis=-1)
 
 
-def _identity(tree: PyTree) -> PyTree:
-    return tree
-
-
 @dataclasses.dataclass(frozen=True)
 class SACSteps:
     """How a SAC update changes the networks; the defaults are plain SAC. A variant passes its own (RLx2: masked
@@ -135,9 +132,9 @@ class SACSteps:
 
     critic: Callable = adam_step
     actor: Callable = adam_step
-    critic_targets: Callable[[PyTree], PyTree] = _identity
+    critic_targets: Callable[[PyTree], PyTree] = identity
     target: Callable | None = None  # None: the one-step target of ``sac_core``
-    sample: Callable = _identity
+    sample: Callable = identity
 
 
 PLAIN = SACSteps()

@@ -36,6 +36,7 @@ from popjax.learners.base import (
     LearnerDef,
     adam_init,
     adam_step,
+    identity,
     init_actor_critic,
     polyak,
     scalar,
@@ -118,10 +119,6 @@ def dpg_loss(actor_net, critic_net, actor: PyTree, critic: PyTree, obs: jax.Arra
     return -critic_net.apply(critic, obs, actor_net.apply(actor, obs))[0].mean()
 
 
-def _identity(tree: PyTree) -> PyTree:
-    return tree
-
-
 @dataclasses.dataclass(frozen=True)
 class TD3Steps:
     """How a TD3 update changes the networks; the defaults are plain TD3. A variant passes its own (RLx2: masked
@@ -135,10 +132,10 @@ class TD3Steps:
 
     critic: Callable = adam_step
     actor: Callable = adam_step
-    critic_targets: Callable[[PyTree], PyTree] = _identity
-    actor_targets: Callable[[PyTree], PyTree] = _identity
+    critic_targets: Callable[[PyTree], PyTree] = identity
+    actor_targets: Callable[[PyTree], PyTree] = identity
     target: Callable = target_q
-    sample: Callable = _identity
+    sample: Callable = identity
 
 
 PLAIN = TD3Steps()
