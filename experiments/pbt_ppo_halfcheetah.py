@@ -5,9 +5,7 @@
 Defaults: pop 8, PPO with hidden (64, 64), 4 envs x 512 steps per member and iteration (2,048 transitions,
 4 epochs x 4 minibatches), 300k env steps per member, PBT every 40,960 env steps over the popjax ``ppo``
 prior (learning rate, entropy coefficient, clip range, GAE lambda, ...; a popjax choice, no paper gives one).
-On-policy learners ignore the replay options (batch, warm-up). Not yet run: an on-policy population of 8 or
-more members on the gymnasium path hangs in its first iteration (an open bug; pop 6 runs), so pass ``--pop 6``
-until it is fixed.
+On-policy learners ignore the replay options (batch, warm-up).
 """
 
 import sys

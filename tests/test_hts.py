@@ -359,3 +359,79 @@ def test_bench_hts_tiny(tmp_path):
     assert len(payload["ratios"]) == 4 and "pass" in payload["h2"]
     assert (tmp_path / "hts.json").exists() and (tmp_path / "hts.png").exists()
     assert "HTS / lock-step" in "\n".join(report.section_hts({**payload, "_file": "hts"}))
+
+
+# --- PBT at barriers (population: pbt) ----------------------------------------------------------------
+PBT_HTS = dict(learner="a2c", env="gym:popjax/HtsToy-v0", driver="hts", pop_size=4, envs_per_member=2,
+               total_env_steps=12 * 8 * 2, eval_interval=2 * 8 * 2, eval_episodes=1, progress=False,
+               learner_config={"hidden": [8]}, pbt={"interval": 2 * 8 * 2, "quantile": 0.25})
+
+
+def hts_pbt(**hts_options):
+    return {**PBT_HTS, "hts": {"alpha": 8, "executors": 4, "population": "pbt", **hts_options}}
+
+
+def test_pbt_at_barriers_is_deterministic_whatever_the_threads(tmp_path):
+    serial = popjax.train(out_dir=tmp_path / "serial", **hts_pbt(serial=True))
+    threaded = popjax.train(out_dir=tmp_path / "threaded", **hts_pbt(actors=2))
+    lineage = serial.summary["lineage"]
+    assert serial.summary["pbt"]["rounds"] == 5 and len(lineage) == 5  # one loser per round, none at the end
+    assert {e["member"] for e in lineage} != {e["parent"] for e in lineage}
+    assert any(e["new_hparams"] != e["old_hparams"] for e in lineage)
+    assert threaded.summary["lineage"] == lineage
+    assert digest(threaded.state) == digest(serial.state)
+    assert (serial.out_dir / "plots" / "pbt_lineage.png").exists()
+
+
+def test_pbt_loser_copies_learner_behaviour_and_staged_segment_of_its_parent():
+    from popjax.experiment import build
+
+    loop = build(make_config(**hts_pbt()))
+    state, _ = loop.initial_state()
+    try:
+        for _ in range(2):  # two segments: 32 env steps per member, the PBT interval
+            state, _, _ = loop.step(state, None)
+    finally:
+        loop.driver.interaction.close()
+    before = jax.device_get(state)
+    after, info = loop.after_eval(state, np.array([0.0, 3.0, 2.0, 1.0]))  # member 0 is the loser
+    assert info["ready"] and info["loser"].tolist() == [True, False, False, False]
+    parent = int(info["parent"][0])
+    assert parent == 1  # the top quarter is member 1 alone
+    take = lambda tree, m: jax.tree.map(lambda x: np.asarray(x)[m], tree)  # noqa: E731
+    for field in hts.PBT_CARRIED:
+        assert digest(take(getattr(after, field), 0)) == digest(take(getattr(before, field), parent)), field
+        assert digest(take(getattr(after, field), 1)) == digest(take(getattr(before, field), 1)), field
+        assert digest(take(getattr(before, field), 0)) != digest(take(getattr(before, field), 1)), field
+    assert digest(take(after.hparams, 0)) != digest(take(before.hparams, 1))  # explored
+    assert int(after.pbt.rounds) == 1 and int(after.pbt.last_ready) == 32
+
+
+def test_pbt_at_barriers_resumes_exactly_after_an_env_crash(tmp_path):
+    options = {**FAILING, "learner": "a2c", "pop_size": 4, "envs_per_member": 2, "warmup_steps": 0,
+               "eval_interval": 16, "checkpoint_interval": 16, "total_env_steps": 8 * 8 * 2,
+               "pbt": {"interval": 16, "quantile": 0.25},
+               "hts": {"alpha": 8, "executors": 4, "actors": 2, "timeout_s": 1.0, "population": "pbt"}}
+    FailingToy.armed, FailingToy.mode, FailingToy.at = False, "raise", 8 * 5 + 3  # in segment 5
+    whole = popjax.train(out_dir=tmp_path / "whole", **options)
+    FailingToy.armed = True
+    try:
+        with pytest.raises(InteractionFailed, match="simulated env crash"):
+            popjax.train(out_dir=tmp_path / "cut", **options)
+    finally:
+        FailingToy.armed = False
+    resumed = popjax.resume(tmp_path / "cut")
+    assert len(whole.summary["lineage"]) >= 3
+    assert resumed.summary["lineage"] == whole.summary["lineage"]
+    assert digest(resumed.state) == digest(whole.state)
+
+
+@pytest.mark.parametrize("options, field", [({"hts": {"population": "cem"}}, "hts.population"),
+                                            ({"hts": {"population": "pbt"}, "pbt": {"quantile": 0.1}},
+                                             "pbt.quantile"),
+                                            ({"hts": {"population": "pbt"}, "pbt": {"interval": 0}},
+                                             "pbt.interval")])
+def test_bad_population_options(tmp_path, options, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        popjax.train(**{**PBT_HTS, "pbt": None, **options}, out_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

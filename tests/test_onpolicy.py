@@ -188,6 +188,46 @@ def test_vmap_equals_the_per_member_loop(name, kind):
         assert float(jnp.abs(acts).max()) <= 1.0
 
 
+INIT_CHILD = """
+import jax
+from popjax.config import make_config
+from popjax.experiment import build
+loop = build(make_config(learner="ppo", env="gym:HalfCheetah-v5", pop_size=8, total_env_steps=4096,
+                         rollout_len=2048, eval_interval=2048, progress=False))
+jax.block_until_ready(loop.initial_state()[0])
+print("initialised")
+"""
+
+
+def test_a_population_of_orthogonally_initialised_members_initialises_without_deadlock():
+    """Regression: a vmapped init of 8 PPO members (17-d obs, 6-d actions) deadlocked in jaxlib's batched QR on
+    a 2-thread CPU pool, every time; members are now initialised one after the other. A fresh process, so a
+    hang fails this test after its timeout instead of stalling the suite."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        out = subprocess.run([sys.executable, "-c", INIT_CHILD], env=env, capture_output=True, text=True,
+                             timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("initialising a PPO population of 8 on HalfCheetah-v5 hung")
+    assert out.returncode == 0 and "initialised" in out.stdout, out.stderr[-2000:]
+
+
+def test_init_members_equals_each_member_initialised_alone():
+    from types import SimpleNamespace
+
+    from popjax.drivers.independent import init_members
+
+    definition, learner, _ = tiny("ppo", "continuous")
+    hparams = stack([definition.default_hparams(None).replace(lr=jnp.float32(lr)) for lr in (1e-3, 2e-3, 3e-3)])
+    ctx = SimpleNamespace(members=Members(3), hparams=hparams, learner=learner)
+    states, taken = jax.jit(lambda k: init_members(ctx, k))(jax.random.key(3))
+    keys = ctx.members.keys(jax.random.key(3))
+    for m in range(3):
+        one = jax.tree.map(lambda x, m=m: x[m], hparams)
+        assert_trees_equal(jax.tree.map(lambda x, m=m: x[m], states), jax.jit(learner.init)(keys[m], one))
+    assert_trees_equal(taken, hparams)
+
+
 def a2c_plain(net, state, trajectory, hp, at_params):
     """A2C by hand: the gradient of the loss at ``at_params``, clipped, one Adam step from ``state``."""
     batch = onpolicy.behaviour_batch(net, at_params, trajectory, hp.discount, hp.gae_lambda)

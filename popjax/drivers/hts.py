@@ -23,9 +23,11 @@ batch (a row's result does not depend on the other rows); parameters change only
 blocking update after the segment with the parameters that collected it (no lag). The loop sees one
 iteration per segment (``OwnInteraction``): evaluations and checkpoints fall on barriers.
 
-Population drivers compose at barriers: anything that changes members (PBT exploit/explore, a CEM
-tell, DvD's weights) must run between two iterations, where ``after_eval`` runs, so member selection
-never depends on timing; this driver itself trains independent members.
+Populations change only at barriers: ``population: pbt`` runs PBT's exploit/explore (the run's ``pbt``
+block) as this driver's ``after_eval``, which the loop calls between two iterations, i.e. at a barrier
+while no executor steps, so member selection never depends on timing. A loser copies its parent's
+learner state, behaviour state and staged segment (``PBT_CARRIED``). CEM-RL and DvD do not compose:
+they train one shared critic from a replay buffer, not independent members.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from popjax.buffers import BufferState, make_uniform_buffer
 from popjax.config import ConfigError
@@ -59,12 +61,14 @@ from popjax.drivers.base import (
     run_config,
     train_unless,
 )
+from popjax.drivers import pbt
 from popjax.drivers.independent import init_members, member_policy, random_actions, replay_updates
 from popjax.envs.gymnasium import SEED_STRIDE
 from popjax.schema import Bool, Float, Int, OneOf, problem
 from popjax.types import EnvSpec, Key, Trajectory, Transition, dummy_transition
 
 DELAYED_GRADIENT = ("eq6", "none")
+POPULATIONS = ("independent", "pbt")
 
 
 class HtsOptions(DriverOptions):
@@ -82,10 +86,16 @@ class HtsOptions(DriverOptions):
     timeout_s: Float(gt=0, le=86_400) = Field(
         60.0, description="seconds without progress after which a hung executor or actor stops the run")
     serial: Bool = Field(False, description="run the same schedule in one thread (the determinism reference)")
+    population: OneOf(POPULATIONS) = Field(
+        "independent", description="independent members, or pbt: exploit/explore at barriers with the options of "
+                                   "the run's pbt block (interval, quantile, search_space, ...)")
+    _pbt: pbt.PBTConfig | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo):
         config = run_config(info)
+        if self.population == "pbt":  # validated now, so a bad pbt block is refused before anything is written
+            self._pbt = pbt.DEFINITION.parse_options(config, nested=True).pbt_config()
         envs = config.pop_size * config.envs_per_member
         if self.executors is None:
             self.executors = min(8, envs)
@@ -96,6 +106,9 @@ class HtsOptions(DriverOptions):
             raise problem(f"{self.actors} actors for {self.executors} executors; use at most {self.executors}",
                           at=("actors",))
         return self
+
+    def searched_hparams(self) -> frozenset[str]:
+        return frozenset() if self._pbt is None else frozenset(self._pbt.space)
 
 
 @struct.dataclass
@@ -110,10 +123,14 @@ class HtsState:
     pending: Trajectory | None
     has_pending: jax.Array
     counters: Counters
+    pbt: pbt.PBTRecord | None = None  # population: pbt
 
 
 MEMBER_AXES = HtsState(learner=True, behaviour=True, hparams=True, buffer=True, pending=True, has_pending=False,
-                       counters=False)
+                       counters=False, pbt=False)
+# What a PBT loser copies from its parent at a barrier: its behaviour state and staged segment go with the
+# learner state, so the copy's next update is exactly the parent's (with the loser's new hparams).
+PBT_CARRIED = ("learner", "behaviour", "pending")
 
 
 def acting_view(state: HtsState) -> HtsState:
@@ -451,16 +468,28 @@ class HtsInteraction(OwnInteraction):
 
 
 class HtsHost(DriverHost):
-    """Adds the env snapshots of the last barrier to checkpoints."""
+    """The population's host records (``inner``: plain rows, or PBT's lineage) plus the env snapshots of the
+    last barrier in checkpoints."""
 
-    def __init__(self, hparams, interaction: HtsInteraction):
-        super().__init__(hparams)
+    def __init__(self, inner: DriverHost, interaction: HtsInteraction):
+        super().__init__(inner.hparams)
+        self.inner = inner
         self.interaction = interaction
 
+    def record(self, state, env_steps, returns, info) -> None:
+        self.inner.record(state, env_steps, returns, info)
+
+    def rows(self, state, metrics, returns):
+        return self.inner.rows(state, metrics, returns)
+
+    def summary(self, state) -> dict[str, Any]:
+        return self.inner.summary(state)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"envs": self.interaction.executors.snapshot}
+        return {**self.inner.state_dict(), "envs": self.interaction.executors.snapshot}
 
     def load_state_dict(self, data) -> None:
+        self.inner.load_state_dict(data)
         self.interaction.executors.restore_from = data.get("envs")
 
 
@@ -471,6 +500,9 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
         # Its segment replay holds single transitions and it schedules no maintenance: refuse, never skip them.
         raise ConfigError(f"learner: {cfg.learner} needs multi-step windows, topology steps or a dynamic replay, "
                           "which the hts driver does not run (allowed: independent or pbt drivers)")
+    pbt_config = options._pbt
+    if pbt_config is not None:
+        ctx = pbt.with_prior_hparams(ctx, pbt_config)
     n, envs, alpha = members.local, cfg.envs_per_member, options.alpha
     if members.local != cfg.pop_size:
         raise ConfigError("parallel: the hts driver runs one program for the whole population (not pmap)")
@@ -489,8 +521,10 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
                                  jnp.zeros((n, alpha, envs), bool))
         else:
             buf = jax.vmap(lambda _: buffer.init(dummy_transition(spec)))(jnp.arange(n))
+        record = None if pbt_config is None else pbt.initial_record(pbt_config.fitness_window, n)
         return HtsState(learner=learner_state, behaviour=learner_state if on_policy else None, hparams=hparams,
-                        buffer=buf, pending=pending, has_pending=jnp.zeros((), bool), counters=Counters.zeros())
+                        buffer=buf, pending=pending, has_pending=jnp.zeros((), bool), counters=Counters.zeros(),
+                        pbt=record)
 
     def row_keys(key: Key, t: jax.Array) -> jax.Array:
         """``[n, envs]`` keys: ``fold_in(fold_in(key, member * envs + env), t)`` (global member ids)."""
@@ -569,9 +603,21 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
     programs = {"act": act, "update": update, "stage": stage, "acting_view": acting_view,
                 "act_variable": act_variable}
     interaction = HtsInteraction(executors, programs, alpha * envs, cfg.total_env_steps)
+    after_eval, host = None, DriverHost(lambda s: s.hparams)
+    if pbt_config is not None:  # the loop calls after_eval between two iterations: always at a barrier
+        def after_eval(key, state, returns):
+            return pbt.pbt_after_eval(key, state, returns, pbt_config, cfg.total_env_steps, carried=PBT_CARRIED)
+
+        host = pbt.PBTHost()
     return Driver(init=init, interaction=interaction, act=None, learn=None, evaluation=Episodes(cfg.eval_episodes),
-                  policy=member_policy(learner), member_axes=MEMBER_AXES,
-                  host=HtsHost(lambda s: s.hparams, interaction))
+                  policy=member_policy(learner), member_axes=MEMBER_AXES, after_eval=after_eval,
+                  host=HtsHost(host, interaction))
+
+
+def hts_run_plots(run_dir) -> list:
+    """PBT's plots when the run's population was ``pbt``."""
+    population = run_dir.read_config().get("hts", {}).get("population", "independent")
+    return pbt.pbt_run_plots(run_dir) if population == "pbt" else []
 
 
 def _act_member(act_rows, keys, member, obs, warm):
@@ -581,4 +627,4 @@ def _act_member(act_rows, keys, member, obs, warm):
 
 _ACT_MEMBER = jax.jit(lambda f, *a: f(*a), static_argnums=0)
 
-DEFINITION = DriverDef(name="hts", build=build, options=HtsOptions, pmap=False, on_policy=True)
+DEFINITION = DriverDef(name="hts", build=build, options=HtsOptions, plots=hts_run_plots, pmap=False, on_policy=True)

@@ -86,9 +86,14 @@ def random_actions(spec: EnvSpec, key: Key, obs: jax.Array) -> jax.Array:
 
 
 def init_members(ctx: BuildContext, key: Key) -> tuple[Any, Any]:
-    """``(learner states, hparams)`` of the members this program holds."""
+    """``(learner states, hparams)`` of the members this program holds.
+
+    One member after the other (``lax.map``), not vmapped: a batched LAPACK call (the QR of an orthogonal
+    initialiser) fans out on XLA's CPU thread pool, and two of them running at once on a 2-thread pool
+    deadlock in jaxlib 0.10 (PPO on HalfCheetah hung at init). Unbatched, they cannot; init runs once."""
     hparams = ctx.members.take(ctx.hparams)
-    return jax.vmap(ctx.learner.init)(ctx.members.keys(key), hparams), hparams
+    keys = ctx.members.keys(key)
+    return jax.lax.map(lambda member: ctx.learner.init(*member), (keys, hparams)), hparams
 
 
 def member_policy(learner) -> Any:

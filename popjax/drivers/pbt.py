@@ -321,11 +321,15 @@ def window_fitness(window: jax.Array, count: jax.Array) -> jax.Array:
     return jnp.where(recent, window, 0.0).sum(axis=0) / c
 
 
-def pbt_after_eval(key: Key, state: PBTState, returns: jax.Array, config: PBTConfig, total_env_steps: int):
+def pbt_after_eval(key: Key, state, returns: jax.Array, config: PBTConfig, total_env_steps: int,
+                   carried: tuple[str, ...] = ("learner",)):
     """Records the evaluation; when the population is ready, one exploit/explore round.
 
-    Ready = ``interval`` env steps per member since the last round and not the final
-    evaluation. Returns ``(state, info)``; ``info`` holds ``ready``, ``loser`` and ``parent``
+    ``state`` has ``counters``, ``hparams``, ``pbt`` (a ``PBTRecord``) and the member-axis fields named in
+    ``carried``, which a loser copies from its parent (plus ``buffer`` with ``copy_buffer``): the learner
+    state here; the HTS driver adds its behaviour state and staged segment, so a copied member continues
+    exactly as its parent would. Ready = ``interval`` env steps per member since the last round and not the
+    final evaluation. Returns ``(state, info)``; ``info`` holds ``ready``, ``loser`` and ``parent``
     ``[pop]``, the ``fitness`` used and the hparams before the round (for the lineage).
     """
     record = state.pbt
@@ -334,7 +338,7 @@ def pbt_after_eval(key: Key, state: PBTState, returns: jax.Array, config: PBTCon
     steps = state.counters.env_steps
     ready = (steps - record.last_ready >= config.interval) & (steps < total_env_steps)
     pop = fitness.shape[0]
-    copied = (state.learner, state.buffer) if config.copy_buffer else state.learner
+    copied = {name: getattr(state, name) for name in carried + (("buffer",) if config.copy_buffer else ())}
 
     def exploit():
         new, hparams, info = exploit_and_explore(key, copied, state.hparams, fitness, config)
@@ -344,11 +348,10 @@ def pbt_after_eval(key: Key, state: PBTState, returns: jax.Array, config: PBTCon
         return copied, state.hparams, jnp.zeros(pop, bool), jnp.arange(pop, dtype=jnp.int32)
 
     copied, hparams, loser, parent = jax.lax.cond(ready, exploit, keep)
-    learner, buffer = copied if config.copy_buffer else (copied, state.buffer)
     record = PBTRecord(window=window, count=jnp.where(loser, 0, record.count + 1),
                        last_ready=jnp.where(ready, steps, record.last_ready), rounds=record.rounds + ready)
     info = {"ready": ready, "loser": loser, "parent": parent, "fitness": fitness, "old_hparams": state.hparams}
-    return state.replace(learner=learner, buffer=buffer, hparams=hparams, pbt=record), info
+    return state.replace(**copied, hparams=hparams, pbt=record), info
 
 
 class PBTHost(DriverHost):
@@ -392,6 +395,13 @@ def _json_float(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def with_prior_hparams(ctx: BuildContext, config: PBTConfig) -> BuildContext:
+    """``ctx`` with the initial hparams of the PBT space drawn from the prior, except those the user fixed
+    (``hparams``) or sampled (``search_space``)."""
+    keep = set(ctx.config.hparams) | set(ctx.config.search_space)
+    return dataclasses.replace(ctx, hparams=initial_hparams(ctx.setup_key, ctx.hparams, config.space, keep))
+
+
 def build(ctx: BuildContext, options: PBTOptions):
     """The independent population, started from the prior and exploited after evaluations.
 
@@ -399,8 +409,7 @@ def build(ctx: BuildContext, options: PBTOptions):
     (``hparams``) or sampled (``search_space``).
     """
     config = options.pbt_config()
-    keep = set(ctx.config.hparams) | set(ctx.config.search_space)
-    ctx = dataclasses.replace(ctx, hparams=initial_hparams(ctx.setup_key, ctx.hparams, config.space, keep))
+    ctx = with_prior_hparams(ctx, config)
     population = make_population(ctx, PBTState, MEMBER_AXES)
     pop, total = ctx.config.pop_size, ctx.config.total_env_steps
     return population._replace(
