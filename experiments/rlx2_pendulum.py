@@ -1,7 +1,10 @@
 """S1/S2: RLx2-TD3 against dense TD3 and the sparse baselines on Pendulum (Tan et al., ICLR 2023).
 
     PYTHONPATH=. .venv/bin/python experiments/rlx2_pendulum.py [--level s1|s2] [--configs rlx2,dense,ss,...]
-        [--steps 100000] [--seeds 3] [--out runs/rlx2_pendulum]
+        [--steps 100000] [--seeds 3] [--out runs/rlx2_pendulum] [--env probe:pendulum] [--eval-episodes 10]
+
+``--env gym:Hopper-v5`` (or any continuous gymnasium env) runs the same comparison on the host path; its
+results and plot are named after the env (``rlx2_hopper-v5_<level>``).
 
 ``probe:pendulum`` is popjax's pure-JAX port of gymnasium's Pendulum-v1 (200-step episodes), so a whole
 iteration is one jitted call. Every configuration trains ``--seeds`` seeds as ONE population (independent
@@ -52,15 +55,16 @@ def rescaled(steps: int) -> dict:
             "buffer_check_interval": steps // 300, "buffer_min": steps // 30, "buffer_size": steps // 3}
 
 
-def run_options(name: str, level: str, steps: int, seeds: int) -> dict:
+def run_options(name: str, level: str, steps: int, seeds: int, env: str = ENV, eval_episodes: int = 10) -> dict:
     actor_s, critic_s = LEVELS[level]
     r = rescaled(steps)
-    base = dict(env=ENV, driver="independent", pop_size=seeds, seed=0, preset="none", total_env_steps=steps,
+    base = dict(env=env, driver="independent", pop_size=seeds, seed=0, preset="none", total_env_steps=steps,
                 warmup_steps=r["warmup"], rollout_len=50, update_ratio=1.0, batch_size=256,
-                buffer_size=r["buffer_size"], eval_interval=max(1_000, steps // 50), eval_episodes=10,
+                buffer_size=r["buffer_size"], eval_interval=max(1_000, steps // 50), eval_episodes=eval_episodes,
                 checkpoint_interval=0, progress=False)
     if name in ("dense", "tiny"):
-        width = rlx2.tiny_hidden(3, 1, 2, actor_s) if name == "tiny" else HIDDEN[0]
+        spec = registry.env_spec(env)
+        width = rlx2.tiny_hidden(spec.obs_shape[0], spec.action_dim, 2, actor_s) if name == "tiny" else HIDDEN[0]
         return {**base, "learner": "td3", "learner_config": {"hidden": [width, width]}}
     sparse_config = {"hidden": HIDDEN, "dst_interval": r["dst_interval"], "n_step_start": r["n_step_start"],
                      "buffer_check_interval": r["buffer_check_interval"], "buffer_min": r["buffer_min"]}
@@ -84,9 +88,11 @@ def exact_masks(run) -> bool | None:
     return True
 
 
-def random_return(episodes: int = 100) -> float:
-    """Mean return of uniform random actions on ``ENV``."""
-    env = make_vec_env(registry.make_jax_env(ENV))
+def random_return(name: str = ENV, episodes: int = 100) -> float:
+    """Mean return of uniform random actions on the env ``name``."""
+    if not registry.is_jax_env(name):
+        return host_random_return(name, episodes)
+    env = make_vec_env(registry.make_jax_env(name))
     steps = env.spec.max_episode_steps
 
     def run(key):
@@ -104,9 +110,27 @@ def random_return(episodes: int = 100) -> float:
     return float(jax.jit(run)(jax.random.key(123)))
 
 
-def run_config(name: str, level: str, steps: int, seeds: int, out: Path) -> dict:
+def host_random_return(name: str, episodes: int) -> float:
+    """Mean return of uniform random actions on a gymnasium env, one episode after the other."""
+    import gymnasium as gym
+
+    env = gym.make(registry.parse(name)[1])
+    env.action_space.seed(123)
+    total = 0.0
+    for episode in range(episodes):
+        env.reset(seed=123 + episode)
+        done = False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            total += float(reward)
+            done = terminated or truncated
+    return total / episodes
+
+
+def run_config(name: str, level: str, steps: int, seeds: int, out: Path, env: str = ENV,
+               eval_episodes: int = 10) -> dict:
     started = time.time()
-    run = popjax.train(out_dir=out, **run_options(name, level, steps, seeds))
+    run = popjax.train(out_dir=out, **run_options(name, level, steps, seeds, env, eval_episodes))
     curves = [[[int(r["env_steps"]), float(r["eval_return"])] for r in rows] for rows in member_rows(out, seeds)]
     s = run.summary
     return {"config": name, "curves": curves, "final_returns": s["final_returns"], "costs": s.get("costs"),
@@ -145,7 +169,7 @@ def markdown_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[dict], path: Path, level: str, steps: int, r_random: float) -> None:
+def plot(results: list[dict], path: Path, level: str, steps: int, r_random: float, env: str = ENV) -> None:
     import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
 
     fig, ax = plt.subplots(figsize=(8.5, 4.6))
@@ -153,8 +177,8 @@ def plot(results: list[dict], path: Path, level: str, steps: int, r_random: floa
         plot_curves(ax, r["curves"], f"C{i}", f"{LABELS[r['config']]}, mean of {len(r['curves'])} seeds")
     ax.axhline(r_random, color="0.5", linestyle=":", label="uniform random actions")
     actor_s, critic_s = LEVELS[level]
-    ax.set(xlabel="env steps per seed", ylabel="eval return (10 deterministic episodes)",
-           title=f"{level.upper()}: actor {100 * actor_s:g} % / critic {100 * critic_s:g} % sparse, {ENV}, "
+    ax.set(xlabel="env steps per seed", ylabel="eval return (deterministic episodes)",
+           title=f"{level.upper()}: actor {100 * actor_s:g} % / critic {100 * critic_s:g} % sparse, {env}, "
                  f"{steps} steps")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -167,16 +191,20 @@ def main() -> None:
     parser.add_argument("--configs", default=None, help="comma-separated (default s1: rlx2,dense,ss; s2: all)")
     parser.add_argument("--steps", type=int, default=100_000, help="env steps per seed")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--out", default="runs/rlx2_pendulum")
+    parser.add_argument("--out", default=None, help="run directories (default runs/rlx2_<env tag>)")
+    parser.add_argument("--env", default=ENV, help="a continuous env (probe:, brax: or gym:)")
+    parser.add_argument("--eval-episodes", type=int, default=10)
     args = parser.parse_args()
     configs = args.configs or ("rlx2,dense,ss" if args.level == "s1" else "rlx2,dense,rigl,set,ss,tiny")
-    r_random = random_return()
-    results_path = HERE / "results" / "rlx2_pendulum" / f"{args.level}.json"
+    tag = "pendulum" if args.env == ENV else registry.parse(args.env)[1].lower().replace("/", "_")
+    r_random = random_return(args.env)
+    results_path = HERE / "results" / f"rlx2_{tag}" / f"{args.level}.json"
+    out = Path(args.out or f"runs/rlx2_{tag}")
     data = run_sweep(results_path, args.steps, configs.split(","), lambda runs: {r["config"] for r in runs},
-                     lambda name: run_config(name, args.level, args.steps, args.seeds,
-                                             Path(args.out) / args.level / name),
+                     lambda name: run_config(name, args.level, args.steps, args.seeds, out / args.level / name,
+                                             args.env, args.eval_episodes),
                      lambda runs: summarize(runs, r_random))
-    plot(data["runs"], HERE / "plots" / f"rlx2_pendulum_{args.level}.png", args.level, args.steps, r_random)
+    plot(data["runs"], HERE / "plots" / f"rlx2_{tag}_{args.level}.png", args.level, args.steps, r_random, args.env)
     print(markdown_table(data["summary"]))
     print(json.dumps(data["summary"]["criterion"]))
 

@@ -48,6 +48,7 @@ from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from popjax.buffers import BufferState, make_uniform_buffer
 from popjax.config import ConfigError
+from popjax.drivers import pbt
 from popjax.drivers.base import (
     BuildContext,
     Counters,
@@ -61,7 +62,6 @@ from popjax.drivers.base import (
     run_config,
     train_unless,
 )
-from popjax.drivers import pbt
 from popjax.drivers.independent import init_members, member_policy, random_actions, replay_updates
 from popjax.envs.gymnasium import SEED_STRIDE
 from popjax.schema import Bool, Float, Int, OneOf, problem
