@@ -5,7 +5,10 @@ population size, seed, network, batch, budget and evaluation; they differ only i
 
   * ``pbt``: hparams sampled from the fast-PBT paper's prior; every ``interval`` env steps the
     bottom 30 % copy the full state of a top-30 % member and resample their hparams (paper);
-  * ``baseline``: ``driver=independent`` with the learner's default (paper) hparams: N seeds.
+  * ``baseline``: ``driver=independent`` with the learner's default (paper) hparams: N seeds;
+  * ``hts_pbt`` (optional, not in ``both``): the ``pbt`` arm on the HTS-RL schedule (``driver=hts``,
+    ``population: pbt``, ``alpha`` = the rollout length): executor threads step the envs while the learner
+    updates on the previous segment, and PBT exploits at barriers.
 
 Each arm is one run directory under ``--out``; ``--arm plot`` (run after both) writes a
 comparison plot of the best member's return vs env steps and vs wall-clock and a JSON summary.
@@ -53,15 +56,18 @@ def compare(name: str, out: Path) -> dict:
 
     result = {}
     fig, (ax_steps, ax_wall) = plt.subplots(1, 2, figsize=(11, 4))
-    for arm, style in (("pbt", "C3-"), ("baseline", "C0-")):
+    for arm, style in (("pbt", "C3-"), ("baseline", "C0-"), ("hts_pbt", "C2-")):
         run_dir = out / arm
+        if arm == "hts_pbt" and not (run_dir / "summary.json").exists():
+            continue
         steps, wall, best = best_curve(run_dir)
         summary = json.loads((run_dir / "summary.json").read_text())
         result[arm] = {"final_best": max(summary["final_returns"]), "best_return": summary["best_return"],
                        "final_returns": summary["final_returns"], "wall_s": summary["wall_s"],
                        "compile_s": summary["compile_s"], "env_steps": summary["env_steps"],
                        "exploits": len(summary.get("lineage", [])), "best_curve": list(zip(steps, best, strict=True))}
-        label = "PBT (prior-sampled hparams)" if arm == "pbt" else "independent, default hparams (best-of-N)"
+        label = {"pbt": "PBT (prior-sampled hparams)", "baseline": "independent, default hparams (best-of-N)",
+                 "hts_pbt": "PBT on the HTS-RL schedule"}[arm]
         ax_steps.plot(steps, best, style, label=label)
         ax_wall.plot(wall, best, style, label=label)
     for ax, xlabel in ((ax_steps, "env steps per member"), (ax_wall, "wall-clock s (excl. compile)")):
@@ -85,7 +91,7 @@ def compare(name: str, out: Path) -> dict:
 
 def main(learner: str, name: str, defaults: dict) -> None:
     parser = argparse.ArgumentParser(description=f"PBT vs best-of-N independent: {name}")
-    parser.add_argument("--arm", choices=("pbt", "baseline", "both", "plot"), default="both")
+    parser.add_argument("--arm", choices=("pbt", "baseline", "both", "hts_pbt", "plot"), default="both")
     parser.add_argument("--steps", type=int, default=defaults["steps"], help="env steps per member")
     parser.add_argument("--pop", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
@@ -101,10 +107,12 @@ def main(learner: str, name: str, defaults: dict) -> None:
     import popjax
 
     options = {**common_options(learner, args), **defaults.get("run", {})}  # e.g. an on-policy learner's rollout
+    pbt = {"interval": args.interval, "quantile": 0.3, "explore": "resample", "fitness_window": 2}
     if args.arm in ("pbt", "both"):
-        popjax.train(out_dir=args.out / "pbt", driver="pbt",
-                     pbt={"interval": args.interval, "quantile": 0.3, "explore": "resample", "fitness_window": 2},
-                     **options)
+        popjax.train(out_dir=args.out / "pbt", driver="pbt", pbt=pbt, **options)
+    if args.arm == "hts_pbt":
+        popjax.train(out_dir=args.out / "hts_pbt", driver="hts", pbt=pbt,
+                     hts={"alpha": options["rollout_len"], "population": "pbt", "actors": 2}, **options)
     if args.arm in ("baseline", "both"):
         popjax.train(out_dir=args.out / "baseline", driver="independent", **options)
     if args.arm in ("plot", "both"):
