@@ -102,11 +102,15 @@ def main(learner: str, name: str, defaults: dict) -> None:
     parser.add_argument("--eval-episodes", type=int, default=2)
     parser.add_argument("--interval", type=int, default=defaults["interval"], help="PBT interval (env steps)")
     parser.add_argument("--out", type=Path, default=Path(f"runs/pbt_{name}"))
+    parser.add_argument("--hparams", type=json.loads, default={},
+                        help='fixed hparams of every member as JSON, e.g. \'{"ent_coef": 0.0}\' (PBT does not '
+                             'sample them initially)')
     args = parser.parse_args()
 
     import popjax
 
     options = {**common_options(learner, args), **defaults.get("run", {})}  # e.g. an on-policy learner's rollout
+    options["hparams"] = args.hparams
     pbt = {"interval": args.interval, "quantile": 0.3, "explore": "resample", "fitness_window": 2}
     if args.arm in ("pbt", "both"):
         popjax.train(out_dir=args.out / "pbt", driver="pbt", pbt=pbt, **options)
