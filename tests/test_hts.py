@@ -435,3 +435,11 @@ def test_bad_population_options(tmp_path, options, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         popjax.train(**{**PBT_HTS, "pbt": None, **options}, out_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_update_counter_counts_the_learners_gradient_steps_as_the_synchronous_loop(tmp_path):
+    run = popjax.train(out_dir=tmp_path / "run", learner="ppo", env="gym:popjax/HtsToy-v0", driver="hts", pop_size=2,
+                       envs_per_member=2, total_env_steps=3 * 8 * 2, eval_interval=3 * 8 * 2, eval_episodes=1,
+                       progress=False, learner_config={"hidden": [8], "epochs": 2, "minibatches": 2},
+                       hts={"alpha": 8, "executors": 2})
+    assert run.summary["updates"] == 3 * 2 * 2  # 3 segments (#updates = #segments), 2 epochs x 2 minibatches

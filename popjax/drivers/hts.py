@@ -574,7 +574,7 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
         segment awaits its update (the first segment) or during warm-up."""
         skip = ~state.has_pending | (state.counters.env_steps < warmup)
         learner_state, metrics = train_unless(skip, train, key, state, kept=state.learner)
-        done = jnp.where(skip, 0, 1 if on_policy else k)
+        done = jnp.where(skip, 0, learner.rollout_updates if on_policy else k)
         return state.replace(learner=learner_state, has_pending=jnp.zeros((), bool),
                              counters=state.counters.advance(updates=done)), metrics
 
