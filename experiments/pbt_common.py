@@ -105,6 +105,8 @@ def main(learner: str, name: str, defaults: dict) -> None:
     parser.add_argument("--hparams", type=json.loads, default={},
                         help='fixed hparams of every member as JSON, e.g. \'{"ent_coef": 0.0}\' (PBT does not '
                              'sample them initially)')
+    parser.add_argument("--hts", type=json.loads, default={},
+                        help='extra hts options of the hts_pbt arm as JSON, e.g. \'{"lockstep": true}\'')
     args = parser.parse_args()
 
     import popjax
@@ -116,7 +118,7 @@ def main(learner: str, name: str, defaults: dict) -> None:
         popjax.train(out_dir=args.out / "pbt", driver="pbt", pbt=pbt, **options)
     if args.arm == "hts_pbt":
         popjax.train(out_dir=args.out / "hts_pbt", driver="hts", pbt=pbt,
-                     hts={"alpha": options["rollout_len"], "population": "pbt", "actors": 2}, **options)
+                     hts={"alpha": options["rollout_len"], "population": "pbt", "actors": 2, **args.hts}, **options)
     if args.arm in ("baseline", "both"):
         popjax.train(out_dir=args.out / "baseline", driver="independent", **options)
     if args.arm in ("plot", "both"):
