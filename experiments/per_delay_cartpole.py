@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sweep_common import member_rows, plot_curves, run_sweep
+from sweep_common import member_rows, plot_curves, ratio_interval, run_sweep
 
 import popjax
 from popjax.plots import save_figure
@@ -62,14 +62,6 @@ def summarize(results: list[dict]) -> dict:
     return {"configs": table, "check": {"rule": "mean final return (D = 200) >= 0.9 x (D = 1)", "ratio": ratio,
                                         "passed": None if ratio is None else ratio >= 0.9,
                                         f"ratio_of_last_{LAST}_evaluations": late_ratio}}
-
-
-def ratio_interval(values: list[float], base: list[float], draws: int = 2000) -> tuple[float, float]:
-    """5-95 % bootstrap interval of mean(values) / mean(base), seeds resampled independently in both."""
-    rng = np.random.default_rng(0)
-    a, b = np.asarray(values), np.asarray(base)
-    ratios = rng.choice(a, (draws, len(a))).mean(1) / rng.choice(b, (draws, len(b))).mean(1)
-    return float(np.percentile(ratios, 5)), float(np.percentile(ratios, 95))
 
 
 def markdown_table(summary: dict) -> str:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sweep_common import member_rows, plot_curves, run_sweep
+from sweep_common import member_rows, plot_curves, ratio_interval, run_sweep
 
 import popjax
 from popjax.plots import save_figure
@@ -81,14 +81,6 @@ def summarize(results: list[dict]) -> dict:
     return {"threshold": THRESHOLD, "configs": table,
             "gate": {"rule": "AUC(R, H=10) >= 0.85 AUC(1, H=10) for R = 2, 4", "ratios": gate,
                      "passed": None if None in gate else all(g >= 0.85 for g in gate)}}
-
-
-def ratio_interval(auc: list[float], base: list[float], draws: int = 2000) -> tuple[float, float]:
-    """5-95 % bootstrap interval of mean(auc) / mean(base), seeds resampled independently in both."""
-    rng = np.random.default_rng(0)
-    a, b = np.asarray(auc), np.asarray(base)
-    ratios = rng.choice(a, (draws, len(a))).mean(1) / rng.choice(b, (draws, len(b))).mean(1)
-    return float(np.percentile(ratios, 5)), float(np.percentile(ratios, 95))
 
 
 def markdown_table(summary: dict) -> str:
