@@ -36,6 +36,7 @@ from sweep_common import member_rows, plot_curves, run_sweep
 import popjax
 from popjax.envs import registry
 from popjax.envs.base import make_vec_env
+from popjax.envs.gymnasium import make_env
 from popjax.learners import rlx2
 from popjax.networks import sparse
 from popjax.plots import save_figure
@@ -112,9 +113,7 @@ def random_return(name: str = ENV, episodes: int = 100) -> float:
 
 def host_random_return(name: str, episodes: int) -> float:
     """Mean return of uniform random actions on a gymnasium env, one episode after the other."""
-    import gymnasium as gym
-
-    env = gym.make(registry.parse(name)[1])
+    env = make_env(registry.parse(name)[1])
     env.action_space.seed(123)
     total = 0.0
     for episode in range(episodes):
