@@ -21,10 +21,12 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from popjax.config import make_config
 from popjax.experiment import build
+from popjax.learners import LEARNERS
 
 HERE = Path(__file__).parent
 
@@ -37,6 +39,32 @@ def digest(tree) -> str:
     return h.hexdigest()
 
 
+# Compiled per number of rows: under the "shape" control the batch shape depends on timing.
+_ACT_MEMBER = jax.jit(lambda f, *a: f(*a), static_argnums=0)
+
+
+def negative_control(mode: str, spec, warmup: int):
+    """The driver's act replaced by a control expected to break equality (``HtsInteraction.act_override``):
+    ``shape``: each member's available rows alone (a batch whose shape depends on timing); ``keys``: one key per
+    member and call, whatever the rows (randomness from arrival order)."""
+    def act(programs, key, acting, obs, t, valid) -> np.ndarray:
+        out = np.zeros(valid.shape + spec.action_shape, np.dtype(spec.action_dtype))
+        keys = programs["row_keys"](key, jnp.asarray(t))
+        for m in np.flatnonzero(valid.any(axis=1)):
+            rows = np.flatnonzero(valid[m])
+            params, hparams = jax.tree.map(lambda x, m=m: x[m], (acting.learner, acting.hparams))
+            if mode == "shape":
+                got = _ACT_MEMBER(programs["act_rows"], keys[m][rows], params, hparams, jnp.asarray(obs[m][rows]),
+                                  acting.counters.env_steps < warmup)
+            else:
+                k_ = jax.random.fold_in(key, time.perf_counter_ns() % 2**31)
+                got = programs["learner_act"](k_, params, jnp.asarray(obs[m][rows]), hparams)
+            out[m, rows] = np.asarray(got)
+        return out
+
+    return act
+
+
 def run(learner: str, seed: int, segments: int, alpha: int, actors: int, serial: bool = False,
         control: str | None = None) -> dict:
     config = make_config(learner=learner, env="gym:popjax/HtsToySleep-v0", driver="hts", pop_size=2,
@@ -46,7 +74,9 @@ def run(learner: str, seed: int, segments: int, alpha: int, actors: int, serial:
                          hts={"alpha": alpha, "executors": 8, "actors": actors, "serial": serial})
     loop = build(config)
     interaction = loop.driver.interaction
-    interaction.executors.variable_batch = control
+    if control is not None:
+        warmup = 0 if LEARNERS[learner].on_policy else config.warmup_steps
+        interaction.act_override = negative_control(control, loop.runner.spec, warmup)
     batch_rows = []
     interaction.on_act = lambda acting, obs, t, valid: batch_rows.append(int(valid.sum()))
     state, _ = loop.initial_state()
@@ -68,7 +98,7 @@ def batch_shape_bits() -> int:
     """How many batch sizes k in 1..64 give an A2C forward pass (logits and value) whose first k rows differ in
     any bit from the same rows of the batch-64 pass (why the driver pads to a fixed shape)."""
     from popjax.envs.registry import env_spec
-    from popjax.learners import LEARNERS, onpolicy
+    from popjax.learners import onpolicy
 
     spec = env_spec("gym:popjax/HtsToy-v0")
     definition = LEARNERS["a2c"]

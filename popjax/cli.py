@@ -168,9 +168,8 @@ def _schema_epilog(docs, flagged: set[str]) -> list[str]:
     import jax
 
     from popjax import schema
-    from popjax.drivers import DRIVERS
-    from popjax.learners import LEARNERS
     from popjax.population.hparams import hparam_bounds, hparam_help
+    from popjax.registry import DRIVERS, LEARNERS
 
     def block(rows, indent="  "):
         return [textwrap.fill(_help_line(doc).replace("%%", "%"), width=110, initial_indent=f"{indent}{doc.name:22s} ",

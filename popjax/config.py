@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from popjax import schema
+from popjax.registry import DRIVERS, LEARNERS, SOURCES
 from popjax.schema import (
     INT32_MAX,
     AnyMapping,
@@ -39,19 +40,19 @@ from popjax.schema import (
 __all__ = ["ConfigError", "PARALLEL_MODES", "RunConfig", "check_memory", "make_config", "make_learner_config"]
 
 PARALLEL_MODES = ("sharding", "pmap")
-REPLAY_KINDS = ("uniform", "prioritized")
 MAX_STEPS = 2**30  # env steps per member: int32 counters (plus one iteration) never overflow
 
 
+# Names are read when a value is checked, so entries registered after this module was imported are known.
 def _learners() -> tuple[str, ...]:
-    from popjax.learners import LEARNERS
-
     return tuple(LEARNERS)
 
 
-def _drivers() -> tuple[str, ...]:
-    from popjax.drivers import DRIVERS
+def _sources() -> tuple[str, ...]:
+    return tuple(SOURCES)
 
+
+def _drivers() -> tuple[str, ...]:
     return tuple(DRIVERS)
 
 
@@ -101,9 +102,9 @@ class RunConfig:
     buffer_size: Int(ge=1, le=INT32_MAX) = Field(
         100_000, description="replay capacity in transitions, per member (shared buffers: in total); "
         "must fit in the machine's memory")
-    buffer: OneOf(REPLAY_KINDS) = Field(
-        "uniform", description="replay sampling: uniform, or prioritized by |TD error| (K-ary sum tree; "
-        "independent and pbt drivers; learners td3, sac, dqn, and spo_dqn/spo_td3 with one bank per replica)")
+    buffer: OneOf(_sources) = Field(
+        "uniform", description="the replay source: uniform, or prioritized by |TD error| (K-ary sum tree; "
+        "independent and pbt drivers; learners that return TD magnitudes, spo_dqn/spo_td3 with one bank per replica)")
     per_alpha: Float(ge=0, le=1) = Field(0.6, description="prioritized replay: priority exponent, (|TD| + eps)^alpha "
                                                           "(popjax default)")
     per_beta: Float(ge=0, le=1) = Field(0.4, description="prioritized replay: importance-weight exponent "
@@ -183,9 +184,8 @@ def _set(config: RunConfig, name: str, value: Any) -> None:
 
 def _check_run(config: RunConfig) -> None:
     """Checks across fields and the nested schemas; stores the nested blocks normalised."""
-    from popjax.drivers import DRIVERS
-    from popjax.learners import LEARNERS
     from popjax.population.hparams import validate_hparams, validate_space
+    from popjax.registry import LEARNERS
 
     c = config
     if c.parallel == "pmap" and not DRIVERS[c.driver].pmap:
@@ -194,18 +194,21 @@ def _check_run(config: RunConfig) -> None:
     if c.pop_size % c.devices:
         fail(f"{c.pop_size} members do not divide over devices={c.devices}; use a multiple of {c.devices}",
              at=("pop_size",), nested=True)
-    if LEARNERS[c.learner].on_policy and not DRIVERS[c.driver].on_policy:
-        allowed = ", ".join(name for name, d in DRIVERS.items() if d.on_policy)
-        fail(f"the {c.driver} driver trains from a replay buffer, not the on-policy learner {c.learner} "
-             f"(allowed: {allowed})", at=("driver",), nested=True)
+    step_kind = LEARNERS[c.learner].step_kind
+    if not DRIVERS[c.driver].accepts_step(step_kind):
+        allowed = ", ".join(name for name, d in DRIVERS.items() if d.accepts_step(step_kind))
+        what = f"the on-policy learner {c.learner}" if LEARNERS[c.learner].on_policy else f"the learner {c.learner}"
+        fail(f"the {c.driver} driver trains from a replay buffer, not {what} (allowed: {allowed})", at=("driver",),
+             nested=True)
     if c.overlap and LEARNERS[c.learner].on_policy:  # learn never sees the snapshot that acted
         fail(f"acting one update behind would hand the on-policy learner {c.learner} data of a policy its update "
              "does not know (allowed: false)", at=("overlap",), nested=True)
-    if c.buffer == "prioritized" and LEARNERS[c.learner].on_policy:
+    if c.buffer != "uniform" and LEARNERS[c.learner].on_policy:
         fail(f"the on-policy learner {c.learner} keeps no replay buffer (allowed: uniform)", at=("buffer",),
              nested=True)
-    if c.buffer == "prioritized" and not DRIVERS[c.driver].prioritized_replay:
-        fail(f"the {c.driver} driver has no prioritized replay (allowed: uniform)", at=("buffer",), nested=True)
+    if not DRIVERS[c.driver].accepts_source(c.buffer):
+        fail(f"the {c.driver} driver has no {c.buffer} replay (allowed: {', '.join(DRIVERS[c.driver].sources)})",
+             at=("buffer",), nested=True)
     if c.per_delay != 1 and c.buffer != "prioritized":
         fail(f"only applies to buffer: prioritized, got {c.per_delay} with buffer: {c.buffer} (allowed: 1)",
              at=("per_delay",), nested=True)
@@ -263,7 +266,6 @@ def _learner_config(config: RunConfig, definition, nested: bool = False):
 
 def make_learner_config(config: RunConfig):
     """The run's learner ``Config`` (e.g. ``TD3Config``), from ``learner_config`` and the run's batch size."""
-    from popjax.learners import LEARNERS
 
     return _learner_config(config, LEARNERS[config.learner])[0]
 
@@ -274,7 +276,6 @@ def make_config(**options: Any) -> RunConfig:
     An option named after a registered driver (``pbt={...}``) is that driver's options block;
     ``None`` means the default.
     """
-    from popjax.drivers import DRIVERS
 
     fields = [f.name for f in dataclasses.fields(RunConfig)]
     for name in options:
@@ -315,8 +316,7 @@ def _size(n: float) -> str:
 
 def replay_transitions(config: RunConfig) -> int:
     """Replay transitions the run holds in total: none for an on-policy learner (it trains on each rollout)."""
-    from popjax.drivers import DRIVERS
-    from popjax.learners import LEARNERS
+    from popjax.registry import LEARNERS
 
     return 0 if LEARNERS[config.learner].on_policy else DRIVERS[config.driver].replay_transitions(config)
 
@@ -328,8 +328,8 @@ def memory_estimate(config: RunConfig, spec) -> dict[str, int]:
 
     obs = 4 * math.prod(spec.obs_shape)
     row = 2 * obs + 4 * max(1, spec.action_dim) + 8  # obs, next_obs, action, reward, terminated
-    if config.buffer == "prioritized":
-        row += 6  # the K = 4 sum tree: one float32 leaf and a third of one in inner nodes (more with padding)
+
+    row += SOURCES[config.buffer].row_bytes  # what the source keeps per row beyond the transition
     rows = replay_transitions(config) + config.pop_size * config.steps_per_iter
     per_env = (2 * obs + JAX_ENV_BYTES) if is_jax_env(config.env) else HOST_ENV_BYTES
     return {"replay": rows * row, "row": row, "evaluation": config.pop_size * config.eval_episodes * per_env,

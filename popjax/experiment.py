@@ -78,6 +78,9 @@ def build(config: RunConfig) -> Loop:
         learner_config = definition.specialize(learner_config, hparams, config.updates_per_iter,
                                                options.searched_hparams())
     learner = definition.make(learner_config, spec)
+    if not isinstance(learner.step, definition.step_kind):  # a registry entry that contradicts its learner
+        raise TypeError(f"learner {config.learner}: make returned a {type(learner.step).__name__}, its LearnerDef "
+                        f"declares {definition.step_kind.__name__}")
     ctx = BuildContext(config=config, spec=spec, learner_def=definition, learner_config=learner_config,
                        learner=learner, hparams=hparams, members=Members(config.pop_size),
                        setup_key=key_for(config.seed, KeyPurpose.DRIVER_SETUP))

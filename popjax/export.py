@@ -24,8 +24,8 @@ def export_policy(run_dir: str | Path, out: str | Path | None = None, member: in
     """Writes member ``member``'s actor (default: the best final return) of a run to ``out`` (default
     ``<run_dir>/policy-member<m>.npz``); refuses to overwrite any file. Returns the path."""
     from popjax import experiment
-    from popjax.learners import LEARNERS
     from popjax.population.tree import member as take_member
+    from popjax.registry import LEARNERS
 
     run = experiment.load(run_dir)
     definition = LEARNERS[run.config.learner]

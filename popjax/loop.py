@@ -32,9 +32,9 @@ import numpy as np
 from popjax.config import RunConfig, make_learner_config
 from popjax.distributed import fetch, gather_rows, is_writer, processes
 from popjax.drivers.base import Driver, Episodes, InteractionFailed, OwnInteraction, Rollout
-from popjax.learners import LEARNERS
 from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
+from popjax.registry import LEARNERS
 from popjax.rundir import RunDir
 from popjax.types import Key
 

@@ -1,6 +1,7 @@
 """Drawing helpers for run directories (matplotlib, headless).
 
-Which plots a run gets is decided by its driver (``DriverDef.plots``); this module only draws.
+Which plots a run gets is decided by its driver (``DriverDef.plots``); this module only draws. matplotlib is
+imported at the first drawing, so importing popjax (or a driver) never loads it.
 """
 
 from __future__ import annotations
@@ -8,14 +9,20 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+def pyplot():
+    """``matplotlib.pyplot`` on the headless Agg backend (imported once, at the first plot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def save_figure(fig, path: Path) -> Path:
     """Lays out, writes (creating the folder) and closes ``fig``."""
+    plt = pyplot()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -25,6 +32,7 @@ def save_figure(fig, path: Path) -> Path:
 
 def learning_curves(rows: list[dict[str, float]], path: Path, title: str = "") -> Path:
     """Eval return vs env steps per member (thin lines) and the best member at each eval (thick)."""
+    plt = pyplot()
     by_member: dict[int, list[tuple[float, float]]] = defaultdict(list)
     by_step: dict[float, list[float]] = defaultdict(list)
     for row in rows:
@@ -50,6 +58,7 @@ def pbt_hparams_plot(rows: list[dict[str, float]], names: list[str], path: Path,
     A row logged at an evaluation holds the hparams used up to it; an exploit right after
     the evaluation shows up at the next one (steps-post drawing).
     """
+    plt = pyplot()
     varying = [n for n in names if len({row[n] for row in rows if n in row}) > 1] or \
         [n for n in names if rows and n in rows[0]]
     cols = min(3, max(1, len(varying)))
@@ -82,6 +91,7 @@ def pbt_lineage_plot(lineage: list[dict], pop_size: int, total_env_steps: float,
                      final_returns: list[float] | None = None) -> Path:
     """PBT lineage: one line per member slot, coloured by the original member its weights descend
     from; each exploit is an arrow from the parent's slot to the replaced member's slot."""
+    plt = pyplot()
     cmap = plt.get_cmap("tab10" if pop_size <= 10 else "tab20")
     color = lambda a: cmap(a % cmap.N)
     ancestor = list(range(pop_size))
@@ -129,6 +139,7 @@ def _per_step(rows: list[dict[str, float]], column: str) -> tuple[list[float], l
 def cemrl_plot(rows: list[dict[str, float]], path: Path, title: str = "") -> Path:
     """CEM-RL: fitness mean ± std over the population per generation, best fitness, the CEM mean
     actor's return (the reported metric), and the CEM's mean standard deviation."""
+    plt = pyplot()
     by_step: dict[float, list[float]] = defaultdict(list)
     for row in rows:
         by_step[row["env_steps"]].append(row["eval_return"])
@@ -166,6 +177,7 @@ def dvd_plot(rows: list[dict[str, float]], path: Path, title: str = "", schedule
     ``schedule`` (summary.json's ``dvd_schedule``) has thresholds in env steps summed over members;
     they are drawn at ``threshold / pop_size`` on the per-member axis.
     """
+    plt = pyplot()
     fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
     for ax, column, label in zip(axes, ("diversity_weight", "diversity_loss", "embedding_distance"),
                                  ("diversity weight", "-log det(K + eps I)", "mean RMS action distance"), strict=True):

@@ -25,7 +25,8 @@ translated into popjax's units:
   linear schedules of the learning rate and clip range are not reproduced (constant values), and popjax's A2C
   uses Adam where SB3's uses RMSProp.
 
-brax and probe envs have no published table: they use the library defaults.
+brax and probe envs have no published table: they use the library defaults. Each learner carries its table
+(``LearnerDef.presets``: env -> options, in the learner's module).
 """
 
 from __future__ import annotations
@@ -34,49 +35,36 @@ from collections.abc import Mapping
 from typing import Any
 
 from popjax.config import ConfigError
+from popjax.registry import LEARNERS
 
-# TD3 on the MuJoCo v5 tasks: zoo "mujoco-defaults" (SB3 TD3: lr 1e-3, batch 256, net [400, 300]).
-_TD3_MUJOCO = {"total_env_steps": 1_000_000, "warmup_steps": 10_000, "batch_size": 256, "buffer_size": 1_000_000,
-               "hparams": {"actor_lr": 1e-3, "critic_lr": 1e-3, "exploration_noise": 0.1},
-               "learner_config": {"hidden": [400, 300]}}
-# SAC on the MuJoCo v5 tasks: zoo "mujoco-defaults" (SB3 SAC: lr 3e-4, batch 256, net [256, 256]).
-_SAC_MUJOCO = {"total_env_steps": 1_000_000, "warmup_steps": 10_000, "batch_size": 256, "buffer_size": 1_000_000,
-               "learner_config": {"hidden": [256, 256]}}
-_MUJOCO = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5")
 
-PRESETS: dict[tuple[str, str], dict[str, Any]] = {
-    **{("td3", f"gym:{env}"): _TD3_MUJOCO for env in _MUJOCO},
-    **{("sac", f"gym:{env}"): _SAC_MUJOCO for env in _MUJOCO},
-    ("sac", "gym:Humanoid-v5"): {**_SAC_MUJOCO, "total_env_steps": 2_000_000},
-    ("td3", "gym:Pendulum-v1"): {
-        "total_env_steps": 20_000, "warmup_steps": 10_000, "batch_size": 256, "buffer_size": 200_000,
-        "hparams": {"actor_lr": 1e-3, "critic_lr": 1e-3, "discount": 0.98, "exploration_noise": 0.1},
-        "learner_config": {"hidden": [400, 300]}},
-    ("sac", "gym:Pendulum-v1"): {
-        "total_env_steps": 20_000, "warmup_steps": 100, "batch_size": 256, "buffer_size": 1_000_000,
-        "hparams": {"actor_lr": 1e-3, "critic_lr": 1e-3, "alpha_lr": 1e-3},
-        "learner_config": {"hidden": [256, 256]}},
-    ("dqn", "gym:CartPole-v1"): {
-        "total_env_steps": 50_000, "warmup_steps": 1_000, "batch_size": 64, "buffer_size": 100_000,
-        "rollout_len": 256, "update_ratio": 0.5,
-        "hparams": {"lr": 2.3e-3, "discount": 0.99, "epsilon_end": 0.04, "epsilon_decay_steps": 4_000},
-        "learner_config": {"hidden": [256, 256], "target_update_period": 128}},
-    # zoo ppo.yml CartPole-v1: 8 envs x 32 steps, minibatch 256, 20 epochs, lr 1e-3 and clip 0.2 (both linearly
-    # decayed there), gamma 0.98, lambda 0.8, no entropy bonus, 1e5 steps
-    ("ppo", "gym:CartPole-v1"): {
-        "total_env_steps": 100_000, "envs_per_member": 8, "rollout_len": 32,
-        "hparams": {"lr": 1e-3, "clip": 0.2, "discount": 0.98, "gae_lambda": 0.8, "ent_coef": 0.0},
-        "learner_config": {"epochs": 20, "minibatches": 1}},
-    # zoo a2c.yml CartPole-v1: 8 envs, no entropy bonus, 5e5 steps (SB3 defaults otherwise: 5 steps, lr 7e-4)
-    ("a2c", "gym:CartPole-v1"): {
-        "total_env_steps": 500_000, "envs_per_member": 8, "rollout_len": 5, "hparams": {"ent_coef": 0.0}},
-}
+def _table() -> dict[tuple[str, str], dict[str, Any]]:
+    """Every registered learner's presets, keyed ``(learner, env)``."""
+    return {(name, env): preset for name, d in LEARNERS.items() for env, preset in d.presets.items()}
+
+
+class _Presets(Mapping):
+    """``PRESETS[learner, env]``: the presets the registered learners carry (``LearnerDef.presets``)."""
+
+    def __getitem__(self, key):
+        return _table()[key]
+
+    def __iter__(self):
+        return iter(_table())
+
+    def __len__(self):
+        return len(_table())
+
+
+PRESETS: Mapping[tuple[str, str], dict[str, Any]] = _Presets()
+
 PRESET_MODES = ("auto", "none")
 MERGED = ("hparams", "learner_config")  # merged key by key; other options are replaced whole
 
 
 def find_preset(learner: str, env: str) -> dict[str, Any] | None:
-    return PRESETS.get((learner, env))
+    definition = LEARNERS.get(learner)
+    return None if definition is None else definition.presets.get(env)
 
 
 def apply_preset(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from popjax.learners import LEARNERS
+from popjax.learners.base import one_update
 from popjax.population.tree import stack
 from popjax.types import EnvSpec, Transition
 
@@ -91,7 +92,7 @@ def _compiled(name: str, config) -> SimpleNamespace:
 
     def counted_update(key, state, batch, hp):
         traces.append(1)
-        return learner.update(key, state, batch, hp)
+        return one_update(learner)(key, state, batch, hp)
 
     return SimpleNamespace(
         name=name,
@@ -99,7 +100,7 @@ def _compiled(name: str, config) -> SimpleNamespace:
         config=config,
         spec=spec,
         learner=learner,
-        update=jax.jit(learner.update),
+        update=jax.jit(one_update(learner)),
         act=jax.jit(learner.act),
         policy=jax.jit(learner.policy),
         pop_update=jax.jit(jax.vmap(counted_update)),

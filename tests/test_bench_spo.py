@@ -18,6 +18,7 @@ EQUAL = textwrap.dedent("""
     from popjax.bench import spo
     from popjax.bench.update import hlo_collectives
     from popjax.learners import spo as learners
+    from popjax.learners.base import chunk_update
     from popjax.types import EnvSpec
     assert len(jax.devices()) == 4, jax.devices()
     spec = EnvSpec("t", (3,), action_dim=2, action_low=(-1.0,) * 2, action_high=(1.0,) * 2)
@@ -31,13 +32,13 @@ EQUAL = textwrap.dedent("""
         start = jax.jit(learner.init)(jax.random.key(0), hp)
         rounds = [(jax.random.split(jax.random.key(10 + i), 3), spo.synthetic_batches(spec, 3, 16, 20 + i))
                   for i in range(4)]  # 4 rounds: the targets are copied after rounds 2 and 4
-        one, state = jax.jit(learner.update_chunk), start
+        one, state = jax.jit(chunk_update(learner)), start
         for keys, batches in rounds:
             state, _ = one(keys, state, batches, hp)
         mesh, placed, program = spo.replica_mesh(4), start, None
         for keys, batches in rounds:
             placed, batches, kwargs = spo.place_round(definition, config, spec, placed, batches, mesh)
-            program = program or jax.jit(learner.update_chunk, **kwargs)
+            program = program or jax.jit(chunk_update(learner), **kwargs)
             placed, _ = program(keys, placed, batches, hp)
         mask = spo.replica_leaves(definition, config, spec)
         diff = lambda x, y: max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))

@@ -19,6 +19,7 @@ from learner_helpers import (
     with_values,
 )
 
+from popjax.learners.base import one_update
 from popjax.learners.dqn import DQNConfig, default_hparams, epsilon, make_dqn
 from popjax.networks.mlp import QNetwork
 from popjax.types import EnvSpec, Transition
@@ -150,7 +151,7 @@ def test_nature_cnn_dueling_update():
         next_obs=jax.random.uniform(k[1], (2, 84, 84, 4)),
         terminated=jnp.array([0.0, 1.0]),
     )
-    new, metrics = jax.jit(learner.update)(k[2], state, batch, hp)
+    new, metrics = jax.jit(one_update(learner))(k[2], state, batch, hp)
     assert np.isfinite(metrics["loss"]) and float(metrics["loss"]) > 0
     assert trees_differ(new.params, state.params)
     net = QNetwork(config.hidden, 4, dueling=True, cnn=True)

@@ -21,7 +21,7 @@ from popjax.envs.registry import env_spec
 from popjax.envs.runner import HostRunner
 from popjax.envs.toy import SleepyToyEnv
 from popjax.learners import LEARNERS
-from popjax.learners.base import Learner
+from popjax.learners.base import Learner, RolloutStep
 from popjax.loop import KeyPurpose, Loop, key_for
 from popjax.population.hparams import population_hparams
 from popjax.population.members import Members
@@ -33,7 +33,7 @@ LR = 0.05
 
 # --- a tiny on-policy learner (the on-policy contract, Eq. 6) -------------------------------------
 def tiny_learner(versioned: bool = False) -> Learner:
-    """Linear softmax policy, REINFORCE on the immediate reward, plain SGD; ``update_rollout`` evaluates the
+    """Linear softmax policy, REINFORCE on the immediate reward, plain SGD; the rollout step evaluates the
     gradient at the behaviour parameters and applies it to the current ones (Liu et al. 2020, Eq. 6).
 
     ``versioned``: the state counts its updates; ``act`` returns ``version % 4`` and every update logs
@@ -67,7 +67,7 @@ def tiny_learner(versioned: bool = False) -> Learner:
         log = state["log"].at[state["version"]].set(entry)
         return {"w": state["w"] - LR * grad, "version": version, "log": log}, {"loss": loss(state["w"], trajectory)}
 
-    return Learner(init=init, update=None, act=act, policy=policy, update_rollout=update_rollout)
+    return Learner(init=init, act=act, policy=policy, step=RolloutStep(update_rollout))
 
 
 def toy_factory(kind="exponential", mean_s=2e-4):
@@ -235,9 +235,9 @@ def test_d6_eq6_update():
             return -jnp.mean(jnp.take_along_axis(logp, tr.action[..., None], -1)[..., 0] * tr.reward)
         return w - LR * jax.grad(loss)(w)
 
-    lag0, _ = learner.update_rollout(key, state, trajectory, None, state)
+    lag0, _ = learner.step.update(key, state, trajectory, None, state)
     np.testing.assert_array_equal(lag0["w"], plain(state["w"]))
-    lag1, _ = learner.update_rollout(key, state, trajectory, None, behaviour)
+    lag1, _ = learner.step.update(key, state, trajectory, None, behaviour)
     expected = state["w"] + (plain(behaviour["w"]) - behaviour["w"])  # gradient at the behaviour copy
     np.testing.assert_allclose(lag1["w"], expected, rtol=0, atol=1e-6)
     assert not np.allclose(lag1["w"], lag0["w"])

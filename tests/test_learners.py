@@ -24,7 +24,7 @@ from learner_helpers import (
 )
 
 from popjax.learners import LEARNERS
-from popjax.learners.base import adam_init, adam_step
+from popjax.learners.base import adam_init, adam_step, one_update
 from popjax.population.tree import member, stack
 
 NAMES = ["td3", "sac", "dqn"]
@@ -104,7 +104,7 @@ def test_init_and_update_types_identical(name):
         assert leaf.shape == () and leaf.dtype in (jnp.float32, jnp.int32) and not leaf.weak_type
     init_out = jax.eval_shape(c.learner.init, jax.random.key(0), hp)
     batch = random_batch(jax.random.key(1), c.spec)
-    update_out, metrics = jax.eval_shape(c.learner.update, jax.random.key(2), init_out, batch, hp)
+    update_out, metrics = jax.eval_shape(one_update(c.learner), jax.random.key(2), init_out, batch, hp)
     assert jax.tree.structure(init_out) == jax.tree.structure(update_out)
     assert _avals(init_out) == _avals(update_out)
     assert all(m.shape == () and m.dtype == jnp.float32 for m in metrics.values())

@@ -174,13 +174,13 @@ def test_vmap_equals_the_per_member_loop(name, kind):
     states = [learner.init(jax.random.key(i), hp) for i, hp in enumerate(hparams)]
     trajectories = [random_trajectory(jax.random.key(10 + i), spec) for i in range(3)]
     keys = jax.random.split(jax.random.key(7), 3)
-    pop_state, pop_metrics = jax.jit(jax.vmap(learner.update_rollout))(
+    pop_state, pop_metrics = jax.jit(jax.vmap(learner.step.update))(
         keys, stack(states), stack(trajectories), stack(hparams), stack(states))
-    one = jax.jit(learner.update_rollout)
+    one = jax.jit(learner.step.update)
     outs = [one(keys[i], states[i], trajectories[i], hparams[i], states[i]) for i in range(3)]
     assert_trees_close(pop_state, stack([s for s, _ in outs]), atol=1e-6, rtol=1e-6)
     assert_trees_close(pop_metrics, stack([m for _, m in outs]), atol=1e-6, rtol=1e-6)
-    assert int(pop_state.steps[0]) == learner.rollout_updates == (4 if name == "ppo" else 1)
+    assert int(pop_state.steps[0]) == learner.step.updates == (4 if name == "ppo" else 1)
     acts = jax.vmap(learner.act, in_axes=(0, 0, None, 0))(keys, pop_state, jnp.zeros((5,) + spec.obs_shape),
                                                           stack(hparams))
     assert acts.shape == (3, 5) + spec.action_shape
@@ -245,7 +245,7 @@ def test_a2c_eq6_gradient_at_the_behaviour_params_applied_to_the_current_ones(ki
     state = learner.init(jax.random.key(0), hp)
     behaviour = learner.init(jax.random.key(1), hp)  # another policy (the previous one under a lag)
     trajectory = random_trajectory(jax.random.key(2), spec)
-    update = jax.jit(learner.update_rollout)
+    update = jax.jit(learner.step.update)
 
     same, _ = update(jax.random.key(3), state, trajectory, hp, state)
     copy = jax.tree.map(jnp.array, state)  # equal values, another object
@@ -264,7 +264,7 @@ def test_ppo_takes_old_log_probs_and_advantages_from_the_behaviour_state():
     state = learner.init(jax.random.key(0), hp)
     behaviour = learner.init(jax.random.key(1), hp)
     trajectory = random_trajectory(jax.random.key(2), spec)
-    update = jax.jit(learner.update_rollout)
+    update = jax.jit(learner.step.update)
 
     def by_hand(behaviour_params):  # one epoch of one minibatch: one step from the current params
         batch = onpolicy.behaviour_batch(net, behaviour_params, trajectory, hp.discount, hp.gae_lambda)

@@ -252,13 +252,13 @@ def counted_td3(monkeypatch) -> list:
 
     def make(config, spec):
         learner = definition.make(config, spec)
-        inner = learner.update
+        inner = learner.step.update
 
         def update(*args):
             traces.append(1)
             return inner(*args)
 
-        return learner._replace(update=update)
+        return learner._replace(step=learner.step._replace(update=update))
 
     monkeypatch.setitem(LEARNERS, "td3", dataclasses.replace(definition, make=make))
     return traces

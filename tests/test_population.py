@@ -11,6 +11,7 @@ from popjax.drivers.base import BuildContext
 from popjax.drivers.independent import make_population
 from popjax.envs.runner import Experience
 from popjax.learners import LEARNERS, td3
+from popjax.learners.base import one_update
 from popjax.population import tree
 from popjax.population.hparams import population_hparams
 from popjax.population.members import Members
@@ -57,7 +58,7 @@ def test_population_train_equals_each_member_trained_alone():
     step_keys = jax.random.split(key, K)
     for m in range(POP):
         ls, hp, buf = tree.member(state.learner, m), tree.member(state.hparams, m), tree.member(state.buffer, m)
-        update = jax.jit(learner.update)
+        update = jax.jit(one_update(learner))
         for sk in step_keys:
             key_sample, key_update = jax.random.split(sk)
             batch = buffer.sample(jax.random.split(key_sample, POP)[m], buf)
@@ -78,9 +79,9 @@ def test_population_step_traces_once_across_hparam_changes():
 
     def counting_update(*args):
         traces.append(1)
-        return base.update(*args)
+        return base.step.update(*args)
 
-    learner = base._replace(update=counting_update)
+    learner = base._replace(step=base.step._replace(update=counting_update))
     population, state, rollout, _ = filled_population(learner)
     train = jax.jit(population.learn)
     state, _ = train(jax.random.key(0), state, rollout)
@@ -115,7 +116,7 @@ def test_fixed_policy_delay_chunks_equal_the_traced_gate():
 
     traced, traced_state, traced_metrics = learn(CONFIG)
     fixed, fixed_state, fixed_metrics = learn(dataclasses.replace(CONFIG, fixed_policy_delay=2))
-    assert (traced.chunk, fixed.chunk) == (1, 2)
+    assert (traced.step.chunk, fixed.step.chunk) == (1, 2)
     for a, b in zip(jax.tree.leaves(fixed_state.learner), jax.tree.leaves(traced_state.learner), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     for name in ("critic_loss", "q_mean"):  # the chunk's actor_loss is the policy step's only

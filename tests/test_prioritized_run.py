@@ -15,6 +15,7 @@ from popjax.checkpoint import Checkpointer
 from popjax.config import ConfigError, make_config, memory_estimate
 from popjax.experiment import build
 from popjax.learners import LEARNERS
+from popjax.learners.base import one_update
 from popjax.types import EnvSpec, Transition
 
 BASE = dict(env="probe:pendulum", pop_size=2, seed=3, total_env_steps=300, warmup_steps=50, rollout_len=25,
@@ -60,9 +61,11 @@ def test_weighted_update_with_unit_weights_equals_update(name):
     action = rng.integers(0, 2, 16).astype(np.int32) if name == "dqn" else np.tanh(f32(16, 1))
     batch = Transition(obs=f32(16, 3), action=action, reward=f32(16), next_obs=f32(16, 3),
                        terminated=np.zeros(16, np.float32))
-    plain = jax.jit(made.update)(jax.random.key(1), state, batch, hp)
-    weighted, metrics, td_abs = jax.jit(made.update_weighted)(jax.random.key(1), state, batch, np.ones(16, np.float32),
-                                                              hp)
+    plain = jax.jit(one_update(made))(jax.random.key(1), state, batch, hp)
+    one = lambda tree: jax.tree.map(lambda x: x[None], tree)  # a chunk of one step
+    weighted, metrics, td_abs = jax.jit(made.step.update)(one(jax.random.key(1)), state, one(batch),
+                                                          np.ones((1, 16), np.float32), hp)
+    td_abs = td_abs[0]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), plain, (weighted, metrics))
     assert td_abs.shape == (16,) and (np.asarray(td_abs) >= 0).all()
 

@@ -20,7 +20,7 @@ from learner_helpers import (
 import popjax
 from popjax.config import ConfigError, make_config
 from popjax.learners import rlx2, td3
-from popjax.learners.base import polyak
+from popjax.learners.base import one_update, polyak
 from popjax.networks import sparse
 from popjax.population.tree import member, stack
 
@@ -77,7 +77,7 @@ def test_optimizer_sees_only_masked_gradients():  # U4
     learner, _ = make()
     hp = hparams(policy_delay=1)
     state = learner.init(jax.random.key(0), hp)
-    new, _ = jax.jit(learner.update)(jax.random.key(1), state, batch(), hp)
+    new, _ = jax.jit(one_update(learner))(jax.random.key(1), state, batch(), hp)
     assert_exact_nnz(new, hp)
     # From a fresh Adam state, the first moments of masked links stay exactly 0 (their gradients were masked),
     # while the dense gradient of the critic loss is non-zero on those links (what growing reads).
@@ -100,7 +100,7 @@ def test_targets_are_masked_polyak_averages():  # U5
     state = state.replace(inner=state.inner.replace(  # targets that differ from the online nets, as later in training
         target_actor=jax.tree.map(lambda x: x + 0.5, state.inner.target_actor),
         target_critic=jax.tree.map(lambda x: x - 0.25, state.inner.target_critic)))
-    new, _ = jax.jit(learner.update)(jax.random.key(1), state, batch(), hp)
+    new, _ = jax.jit(one_update(learner))(jax.random.key(1), state, batch(), hp)
     want_actor = sparse.apply_masks(polyak(state.inner.target_actor, new.inner.actor, hp.tau), state.actor_mask)
     want_critic = sparse.apply_masks(polyak(state.inner.target_critic, new.inner.critic, hp.tau), state.critic_mask)
     np.testing.assert_allclose(jax.tree.leaves(new.inner.target_actor)[0], jax.tree.leaves(want_actor)[0], rtol=1e-6)
@@ -114,7 +114,7 @@ def test_topology_steps_keep_exact_nnz_and_change_the_support(topology):  # U2/U
     learner, config = make(topology=topology)
     hp = hparams(policy_delay=2)
     state = learner.init(jax.random.key(0), hp)
-    update, maintain = jax.jit(learner.update), jax.jit(learner.maintain)
+    update, maintain = jax.jit(one_update(learner)), jax.jit(learner.maintain.run)
     start_masks = (state.actor_mask, state.critic_mask)
     fractions = []
     for i in range(40):
@@ -139,14 +139,14 @@ def test_no_topology_step_after_the_end():  # U3
     hp = hparams()
     state = learner.init(jax.random.key(0), hp)
     state = state.replace(inner=state.inner.replace(steps=jnp.int32(10)))
-    new, metrics = jax.jit(learner.maintain)(jax.random.key(1), state, batch(), hp)
+    new, metrics = jax.jit(learner.maintain.run)(jax.random.key(1), state, batch(), hp)
     assert float(metrics["critic_drop_fraction"]) == 0.0
     assert_trees_equal(new, state)
 
 
 def test_static_sparse_has_no_maintenance():
     learner, _ = make(topology="static")
-    assert learner.maintain is None and learner.maintain_every == 0
+    assert learner.maintain is None
 
 
 def member_run(key, hp):
@@ -156,11 +156,11 @@ def member_run(key, hp):
     def one_round(state, round_key):
         def one_update(state, i):
             k = jax.random.fold_in(round_key, i)
-            return learner.update(k, state, random_batch(k, SPEC, 16), hp)[0], None
+            return one_update(learner)(k, state, random_batch(k, SPEC, 16), hp)[0], None
 
         state, _ = jax.lax.scan(one_update, state, jnp.arange(config.dst_interval))
         k = jax.random.fold_in(round_key, 99)
-        return learner.maintain(k, state, random_batch(k, SPEC, 16), hp)[0], None
+        return learner.maintain.run(k, state, random_batch(k, SPEC, 16), hp)[0], None
 
     state, _ = jax.lax.scan(one_round, learner.init(key, hp), jax.random.split(key, 2))
     return state
@@ -186,7 +186,7 @@ def test_a_changed_sparsity_redraws_masks_of_the_new_size_at_the_next_topology_s
     hp = hparams()
     state = learner.init(jax.random.key(0), hp)
     explored = with_values(hp, actor_sparsity=0.95)  # what a PBT explore does to the hparam
-    new, _ = jax.jit(learner.maintain)(jax.random.key(1), state, batch(), explored)
+    new, _ = jax.jit(learner.maintain.run)(jax.random.key(1), state, batch(), explored)
     assert_exact_nnz(new, explored)
     kernel = np.abs(np.asarray(state.inner.actor["params"]["MLP_0"]["Dense_1"]["kernel"]))
     kept = np.asarray(new.actor_mask["params"]["MLP_0"]["Dense_1"]["kernel"])
@@ -333,14 +333,14 @@ def test_dynamic_buffer_distance_and_shrink_by_hand():  # U7
     state = learner.init(jax.random.key(0), hp)
     rows = random_batch(jax.random.key(1), SPEC, 16)
     valid = jnp.arange(16) < 12  # four of the oldest slots not filled yet
-    count, distance = learner.replay_shrink(state, rows, valid, jnp.int32(500), hp)
+    count, distance = learner.shrink.run(state, rows, valid, jnp.int32(500), hp)
     pi = np.asarray(learner.policy(state, rows.obs))
     want = 0.5 * np.mean(((pi - np.asarray(rows.action)) ** 2)[:12])
     assert float(distance) == pytest.approx(want, rel=1e-5) and want > 0.2
     assert int(count) == 50  # floor(0.1 * 500), once
-    assert int(learner.replay_shrink(state, rows, valid, jnp.int32(100), hp)[0]) == 0  # not above buffer_min
+    assert int(learner.shrink.run(state, rows, valid, jnp.int32(100), hp)[0]) == 0  # not above buffer_min
     close = rows.replace(action=jnp.asarray(pi))  # stored actions equal to today's policy: distance 0
-    assert int(learner.replay_shrink(state, close, valid, jnp.int32(500), hp)[0]) == 0
+    assert int(learner.shrink.run(state, close, valid, jnp.int32(500), hp)[0]) == 0
 
 
 def test_a_shrunk_buffer_samples_only_its_newest_rows():
@@ -426,7 +426,7 @@ def test_rlx2_sac_keeps_exact_masks_through_updates_and_topology_steps():
     hp = hparams("sac")
     state = learner.init(jax.random.key(0), hp)
     assert_exact_nnz(state, hp)
-    update, maintain = jax.jit(learner.update), jax.jit(learner.maintain)
+    update, maintain = jax.jit(one_update(learner)), jax.jit(learner.maintain.run)
     windows = lambda i: rlx2.Windows(  # noqa: E731
         jax.tree.map(lambda x: jnp.stack([x, x, x], axis=1), batch(i)), jnp.zeros((16, 3), bool))
     start = (state.actor_mask, state.critic_mask)

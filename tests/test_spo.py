@@ -24,7 +24,7 @@ from learner_helpers import (
 import popjax
 from popjax.config import ConfigError, make_config
 from popjax.learners import LEARNERS, dqn, spo, td3
-from popjax.learners.base import adam_step
+from popjax.learners.base import adam_step, chunk_update, one_update
 from popjax.networks.mlp import DeterministicActor, QNetwork, TwinCritic
 from popjax.population.tree import member, stack
 
@@ -127,7 +127,7 @@ def make(name: str, **config):
     spec = SPECS[definition.action_kind]
     learner = definition.make(config, spec)
     return SimpleNamespace(definition=definition, config=config, spec=spec, learner=learner,
-                           chunk=jax.jit(learner.update_chunk), hparams=definition.default_hparams(config))
+                           chunk=jax.jit(chunk_update(learner)), hparams=definition.default_hparams(config))
 
 
 def rounds(c, state, hp, n: int, seed: int = 0):
@@ -200,7 +200,7 @@ def test_l5_one_replica_equals_plain_dqn_when_targets_are_copied_at_the_same_ste
     hp = with_values(c.hparams, lr=0.01)
     state = c.learner.init(jax.random.key(0), hp)
     ref = plain.init(jax.random.key(0), hp)
-    update = jax.jit(plain.update)
+    update = jax.jit(one_update(plain))
     for i in range(5):
         keys, batches = step_keys(local_steps, i), batches_of(c.spec, local_steps, 10 * i)
         state, metrics = c.chunk(keys, state, batches, hp)
@@ -220,7 +220,7 @@ def test_dp_mode_is_large_batch_dqn():
     plain = dqn.make_dqn(dqn.DQNConfig(hidden=HIDDEN, batch_size=B, target_update_period=6), dp.spec)
     hp = with_values(dp.hparams, lr=0.01)
     state, ref = dp.learner.init(jax.random.key(0), hp), plain.init(jax.random.key(0), hp)
-    update = jax.jit(plain.update)
+    update = jax.jit(one_update(plain))
     for i in range(4):
         keys, batches = step_keys(3, i), batches_of(dp.spec, 3, 10 * i)
         state, _ = dp.chunk(keys, state, batches, hp)
@@ -288,7 +288,7 @@ def test_l5_one_replica_spo_td3_at_h1_equals_td3_with_hard_copies_and_no_delay()
     plain_hp = with_values(td3.default_hparams(), tau=1.0, policy_delay=1, target_noise=0.0, actor_lr=0.01,
                            critic_lr=0.01)
     state, ref = c.learner.init(jax.random.key(0), hp), plain.init(jax.random.key(0), plain_hp)
-    update = jax.jit(plain.update)
+    update = jax.jit(one_update(plain))
     for i in range(4):
         keys, batches = step_keys(1, i), batches_of(c.spec, 1, 10 * i)
         state, _ = c.chunk(keys, state, batches, hp)
@@ -325,7 +325,7 @@ def test_vmapped_population_equals_per_member_loop(name):
     n = len(MEMBERS[name])
     states = jax.vmap(c.learner.init)(jax.random.split(jax.random.key(0), n), hparams)
     per_member = [member(states, i) for i in range(n)]
-    pop_chunk = jax.jit(jax.vmap(c.learner.update_chunk))
+    pop_chunk = jax.jit(jax.vmap(chunk_update(c.learner)))
     for t in range(2):
         keys = stack([step_keys(2, 10 * t + i) for i in range(n)])
         batches = stack([batches_of(c.spec, 2, 100 * t + 10 * i) for i in range(n)])

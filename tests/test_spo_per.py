@@ -23,6 +23,7 @@ from popjax.buffers.prioritized import priority_from_td
 from popjax.config import ConfigError, make_config
 from popjax.experiment import build
 from popjax.learners import LEARNERS
+from popjax.learners.base import chunk_update
 from popjax.population.tree import member, stack
 from popjax.types import dummy_transition
 
@@ -46,16 +47,16 @@ def test_unit_weights_equal_the_unweighted_round_and_td_abs_per_row(name):
     state = learner.init(jax.random.key(0), hp)
     keys = jax.random.split(jax.random.key(1), 3)
     batches = stack([random_batch(jax.random.key(10 + i), spec, B) for i in range(3)])
-    plain = jax.jit(learner.update_chunk)(keys, state, batches, hp)
-    new, metrics, td_abs = jax.jit(learner.update_chunk_weighted)(keys, state, batches, jnp.ones((3, B)), hp)
+    plain = jax.jit(chunk_update(learner))(keys, state, batches, hp)
+    new, metrics, td_abs = jax.jit(learner.step.update)(keys, state, batches, jnp.ones((3, B)), hp)
     assert_trees_close((new, metrics), plain, atol=1e-6, rtol=1e-6)
     assert td_abs.shape == (3, B) and (np.asarray(td_abs) > 0).all()
     # Weights change the round (uneven within each replica's slice: Adam ignores a common scale).
     half = jnp.tile(jnp.array([1.0, 0.1]), (3, B // 2))
-    weighted = jax.jit(learner.update_chunk_weighted)(keys, state, batches, half, hp)[0]
+    weighted = jax.jit(learner.step.update)(keys, state, batches, half, hp)[0]
     params = (lambda s: s.params) if name == "spo_dqn" else (lambda s: s.critic)
     assert not np.allclose(jax.tree.leaves(params(weighted))[0], jax.tree.leaves(params(new))[0])
-    assert learner.banks == 2 and learner.update_weighted is None
+    assert learner.step.banks == 2 and learner.step.chunk == 3
 
 
 @pytest.mark.parametrize("naive", [False, True])
@@ -66,7 +67,7 @@ def test_spo_td3_importance_weights_never_enter_the_actor_loss(naive):
     state = learner.init(jax.random.key(0), hp)
     keys = jax.random.split(jax.random.key(1), 2)
     batches = stack([random_batch(jax.random.key(20 + i), spec, B) for i in range(2)])
-    update = jax.jit(learner.update_chunk_weighted)
+    update = jax.jit(learner.step.update)
     ones = update(keys, state, batches, jnp.ones((2, B)), hp)[0]
     uneven = update(keys, state, batches, jax.random.uniform(jax.random.key(2), (2, B), minval=0.05), hp)[0]
     assert_trees_equal(uneven.actor, ones.actor)
@@ -110,11 +111,11 @@ def test_replica_r_reads_and_writes_only_bank_r(monkeypatch):
     def make_spy(config, spec):
         learner = definition.make(config, spec)
 
-        def update_chunk_weighted(keys, state, batches, weights, hp):
-            state, metrics, _ = learner.update_chunk_weighted(keys, state, batches, weights, hp)
+        def update_round(keys, state, batches, weights, hp):
+            state, metrics, _ = learner.step.update(keys, state, batches, weights, hp)
             return state, metrics, td_of(batches)
 
-        return learner._replace(update_chunk_weighted=update_chunk_weighted)
+        return learner._replace(step=learner.step._replace(update=update_round))
 
     monkeypatch.setitem(LEARNERS, "spo_dqn", dataclasses.replace(definition, make=make_spy))
     options = dict(RUN, learner="spo_dqn", batch_size=16, pop_size=1,
@@ -158,7 +159,7 @@ def test_vmapped_spo_per_round_equals_per_member_loop(name):
         for t in range(3):
             round_key = jax.random.fold_in(key, 10 + t)
             batches, info = jax.vmap(buf.sample, in_axes=(0, None))(jax.random.split(round_key, h), buffer)
-            state, _, td_abs = learner.update_chunk_weighted(jax.random.split(round_key, h), state, batches,
+            state, _, td_abs = learner.step.update(jax.random.split(round_key, h), state, batches,
                                                              info.weights.reshape(h, -1), hp)
             for i in range(h):
                 buffer = buf.update(buffer, info.indices[i], td_abs[i])

@@ -1,6 +1,6 @@
 """Study ``hts``: env steps/s of the HTS-RL schedule vs the lock-step baseline, beside the runtime model.
 
-The HTS driver's own threads (``popjax.drivers.hts.Executors``: ``--executors`` executor threads, one
+The HTS driver's own threads (``popjax.drivers.hts_executors.Executors``: ``--executors`` executor threads, one
 toy env each (``popjax.envs.toy``), ``--actors`` actor threads calling one jitted fixed-shape act) run
 segments of ``alpha`` steps per env with step times that are constant, exponential or gamma (shape 2)
 of mean ``--mean-ms``, drawn from an unseeded source. The learner is emulated by a sleep of
@@ -60,7 +60,7 @@ def _executors(o: Options, kind: str, alpha: int, actors: int, lockstep: bool):
     import jax
     import jax.numpy as jnp
 
-    from popjax.drivers.hts import Executors
+    from popjax.drivers.hts_executors import Executors
     from popjax.envs.registry import env_spec
     from popjax.envs.toy import SleepyToyEnv
 

@@ -62,6 +62,7 @@ from popjax.bench import common
 from popjax.bench import options as opt
 from popjax.bench.common import log
 from popjax.learners import spo as spo_learner
+from popjax.learners.base import chunk_update
 from popjax.types import EnvSpec, PyTree, Transition
 
 STUDY = "spo"
@@ -175,7 +176,7 @@ def prepare_round(o: Options, kind: str, replicas: int, h: int) -> dict[str, Any
     devices = config.replicas
     mesh = replica_mesh(devices) if devices > 1 else None
     state, batches, jit_kwargs = place_round(definition, config, spec, state, batches, mesh)
-    compiled, times = common.compile_timed(learner.update_chunk, keys, state, batches, hparams, donate_argnums=(1,),
+    compiled, times = common.compile_timed(chunk_update(learner), keys, state, batches, hparams, donate_argnums=(1,),
                                            **jit_kwargs)
     holder = {"state": state}
 

@@ -53,7 +53,7 @@ from popjax.bench import common
 from popjax.bench import options as opt
 from popjax.bench.common import log
 from popjax.learners import LEARNERS
-from popjax.learners.base import chunk_update
+from popjax.learners.base import chunk_update, one_update
 from popjax.population.tree import broadcast, member
 from popjax.types import EnvSpec, Transition
 
@@ -163,7 +163,7 @@ def make_learner(p: Problem):
 
     The config is specialized as ``popjax.train`` does for a population whose members share the
     default hparams (TD3: its policy delay is fixed, so the K-step program does no discarded actor
-    work); the 1-step program uses ``update``, the traced gate.
+    work); the 1-step program uses ``single_step(p)``'s learner, the traced gate.
     """
     definition = LEARNERS[p.learner]
     hparams = definition.default_hparams(p.config)
@@ -171,6 +171,11 @@ def make_learner(p: Problem):
     if definition.specialize is not None:
         config = definition.specialize(config, broadcast(hparams, 1), p.k, frozenset())
     return definition.make(config, p.spec), hparams
+
+
+def single_step(p: Problem) -> Problem:
+    """``p`` for one update per call: nothing specialized for K (TD3's policy delay stays the traced gate)."""
+    return dataclasses.replace(p, k=1)
 
 
 @functools.cache
@@ -216,7 +221,7 @@ def population_state(p: Problem, pop: int, seed: int = 0):
 
 
 def vmapped_step(learner):
-    v_update = jax.vmap(learner.update)
+    v_update = jax.vmap(one_update(learner))
 
     def step(keys, state, batch, hparams):
         return v_update(keys, state, batch, hparams)
@@ -227,7 +232,7 @@ def vmapped_step(learner):
 def scanned_step(learner):
     """K steps per call: ``scan`` over ``[K, pop, ...]`` batches and keys in the learner's chunks (as
     popjax's drivers run them), ``vmap`` over members inside."""
-    chunk = learner.chunk
+    chunk = learner.step.chunk
     v_chunk = jax.vmap(chunk_update(learner), in_axes=(1, 0, 1, 0))
 
     def step(keys, state, batches, hparams):
@@ -280,7 +285,7 @@ def prepare_vmap(p: Problem, pop: int, devices: int, k: int, opts, reuse: bool =
     ``reuse``: take the executable this process already compiled for the same point, if any
     (the roofline study times execution only; its compile time is then the original one).
     """
-    learner, _ = make_learner(p)
+    learner, _ = make_learner(p if k > 1 else single_step(p))
     state, hparams = population_state(p, pop, opts.seed)
     # No eager slicing here: every eager op is a small compilation of its own.
     batches = synthetic_batches(p, None if k == 1 else k, pop, opts.seed)
@@ -308,7 +313,7 @@ def prepare_vmap(p: Problem, pop: int, devices: int, k: int, opts, reuse: bool =
         entry = _ready(call, common.block, opts, k)
     flops = common.cost_flops(compiled)
     # XLA counts a scan body once: the K-step program's count is one chunk of the learner's updates.
-    steps_counted = 1 if k == 1 else learner.chunk
+    steps_counted = 1 if k == 1 else learner.step.chunk
     return entry | {
         "compile": compile_times,
         "memory": mem.result(),
@@ -325,7 +330,7 @@ _SEQ_COMPILED: dict[Problem, Any] = {}
 
 def prepare_jax_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
     """The single-member update jitted once and called for member 0, 1, ..., pop-1 (one step each)."""
-    learner, _ = make_learner(p)
+    learner, _ = make_learner(single_step(p))
     state, hparams = population_state(p, pop, opts.seed)
     # Split members on the host (numpy): eager device slicing would compile one program per leaf shape.
     state, hparams, batch = jax.device_get((state, hparams, synthetic_batches(p, None, pop, opts.seed)))
@@ -341,7 +346,7 @@ def prepare_jax_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
         # The single-member program is the same for every N: compile it once per problem.
         if p not in _SEQ_COMPILED:
             _SEQ_COMPILED[p] = common.compile_timed(
-                learner.update, keys[0], states[0], batches[0], hps[0], donate_argnums=(1,)
+                one_update(learner), keys[0], states[0], batches[0], hps[0], donate_argnums=(1,)
             )
         compiled, compile_times = _SEQ_COMPILED[p]
 

@@ -1,19 +1,19 @@
-"""Driver registry: name -> DriverDef (how a population is trained; see ``popjax.drivers.base``).
+"""Driver registry: name -> DriverDef (how a population is trained; see ``popjax.drivers.base``); the table
+itself is ``popjax.registry.DRIVERS``.
 
-A new driver is one module with a ``DEFINITION`` and one line here.
+A new driver is one module with a ``DEFINITION`` and one line here (or ``register`` from a script).
 """
 
+import dataclasses
+
+from popjax import registry
+from popjax.config import RunConfig
 from popjax.drivers import cemrl, dvd, hts, independent, pbt
 from popjax.drivers.base import DriverDef
+from popjax.registry import DRIVERS
 
-DRIVERS: dict[str, DriverDef] = {d.name: d for d in (
-    independent.DEFINITION,
-    pbt.DEFINITION,
-    cemrl.DEFINITION,
-    dvd.DEFINITION,
-    hts.DEFINITION,
-)}
-
+for _definition in (independent.DEFINITION, pbt.DEFINITION, cemrl.DEFINITION, dvd.DEFINITION, hts.DEFINITION):
+    registry.add(DRIVERS, _definition, "driver")
 
 
 def register(definition: DriverDef) -> DriverDef:
@@ -21,15 +21,10 @@ def register(definition: DriverDef) -> DriverDef:
 
     Register it again in the process that resumes or plots its runs.
     """
-    import dataclasses
-
-    from popjax.config import RunConfig
-
     taken = set(DRIVERS) | {f.name for f in dataclasses.fields(RunConfig)}
     if definition.name in taken:
         raise ValueError(f"driver name {definition.name!r} is taken (a driver or a RunConfig field)")
-    DRIVERS[definition.name] = definition
-    return definition
+    return registry.add(DRIVERS, definition, "driver")
 
 
 __all__ = ["DRIVERS", "DriverDef", "register"]

@@ -39,8 +39,10 @@ from flax import struct
 
 from popjax.config import RunConfig
 from popjax.distributed import fetch
+from popjax.learners.base import ReplayStep
 from popjax.population.hparams import hparams_table
 from popjax.population.members import Members
+from popjax.registry import LEARNERS
 from popjax.schema import Schema, validate
 from popjax.types import EnvSpec, Key, Metrics, PyTree
 
@@ -269,9 +271,9 @@ class DriverDef:
       plots: ``run_dir -> [paths]``: the driver's plots (learning curves are drawn for all).
       pmap: whether the driver runs on ``--parallel pmap`` (one program per device).
       replay_transitions: ``config -> int``, replay transitions held in total (memory check).
-      prioritized_replay: whether the driver honours ``buffer: prioritized``.
-      on_policy: whether the driver trains on-policy learners (``LearnerDef.on_policy``); drivers
-        built on a replay buffer (CEM-RL, DvD) do not.
+      steps: the kinds of learner step it trains (``ReplayStep``, ``RolloutStep``); drivers built on one
+        replay buffer (CEM-RL, DvD) train replay steps only.
+      sources: the replay sources (the run's ``buffer``) it samples from; None: every registered one.
     """
 
     name: str
@@ -280,13 +282,28 @@ class DriverDef:
     plots: Callable[[Any], list[Path]] = no_plots
     pmap: bool = True
     replay_transitions: Callable[[RunConfig], int] = per_member_buffers
-    prioritized_replay: bool = False
-    on_policy: bool = False
+    steps: tuple[type, ...] = (ReplayStep,)
+    sources: tuple[str, ...] | None = ("uniform",)
+
+    def accepts_step(self, kind: type) -> bool:
+        return kind in self.steps
+
+    def accepts_source(self, name: str) -> bool:
+        return self.sources is None or name in self.sources
 
     def parse_options(self, config: RunConfig, nested: bool = False) -> DriverOptions:
         """The run's options block of this driver, validated (``ConfigError`` naming ``<name>.<key>``)."""
         return validate(self.options, config.driver_options.get(self.name, {}), at=(self.name,),
                         context={"config": config}, nested=nested)
+
+
+def check_shared_critic(config: RunConfig, driver: str, error: Callable) -> None:
+    """Raises ``error(message, at=("learner",), absolute=True)`` unless the run's learner offers a shared-critic
+    population (``LearnerDef.shared_critic``), which the ``driver`` trains."""
+    offering = [name for name, d in LEARNERS.items() if d.shared_critic is not None]
+    if LEARNERS[config.learner].shared_critic is None:
+        raise error(f"the {driver} driver trains TD3 actors with a shared critic (allowed: {', '.join(offering)}), "
+                    f"got {config.learner!r}", at=("learner",), absolute=True)
 
 
 def member_rows(returns: np.ndarray, hparams, metrics: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:

@@ -59,10 +59,11 @@ from popjax.drivers.base import (
     DriverHost,
     DriverOptions,
     Episodes,
+    check_shared_critic,
     run_config,
 )
 from popjax.envs.runner import EpisodeBatch
-from popjax.learners.shared_critic import SharedCriticState, make_shared_critic_td3
+from popjax.learners.shared_critic import SharedCriticState
 from popjax.population.hparams import hparams_table
 from popjax.schema import INT32_MAX, Bool, Float, Int, OneOf, problem
 from popjax.types import Key, dummy_transition
@@ -99,9 +100,7 @@ class CEMRLOptions(DriverOptions):
     def _resolve(self, info: ValidationInfo):
         config = run_config(info)
         pop = config.pop_size
-        if config.learner != "td3":
-            raise problem(f"the cemrl driver trains TD3 actors with a shared critic (allowed: td3), got "
-                          f"{config.learner!r}", at=("learner",), absolute=True)
+        check_shared_critic(config, "cemrl", problem)
         if pop < 2:
             raise problem(f"cemrl needs at least 2 members, got {pop}", at=("pop_size",), absolute=True)
         if self.mirrored and pop % 2:
@@ -207,8 +206,7 @@ def build(ctx: BuildContext, options: CEMRLOptions | CEMRLSettings, train: Calla
     ``popjax.bench.cemrl_order``, as ``experiments/cemrl_common.py`` does)."""
     cfg, spec = ctx.config, ctx.spec
     settings = options.settings(cfg.pop_size) if isinstance(options, CEMRLOptions) else options
-    if cfg.learner != "td3":
-        raise ConfigError(f"learner: the cemrl driver trains TD3 actors with a shared critic; got {cfg.learner!r}")
+    check_shared_critic(cfg, "cemrl", lambda message, at, absolute: ConfigError(f"learner: {message}"))
     pop, episodes, t_max = cfg.pop_size, cfg.envs_per_member, spec.max_episode_steps
     if pop * episodes * t_max > cfg.buffer_size:
         raise ConfigError(f"buffer_size: {cfg.buffer_size} is smaller than one generation's worst case "
@@ -217,7 +215,7 @@ def build(ctx: BuildContext, options: CEMRLOptions | CEMRLSettings, train: Calla
     if "policy_delay" not in cfg.hparams and "policy_delay" not in cfg.search_space:
         hparams = hparams.replace(policy_delay=jnp.ones_like(hparams.policy_delay))  # CEM-RL: TD3 delay 1
     n_t, k = settings.n_trained, settings.updates_per_call
-    shared = make_shared_critic_td3(ctx.learner_config, spec, n_t)
+    shared = ctx.learner_def.shared_critic(ctx.learner_config, spec, n_t)
     train = train or shared.train
     buffer = make_uniform_buffer(cfg.buffer_size, cfg.batch_size)
     v_sample = jax.vmap(buffer.sample, in_axes=(0, None))

@@ -65,12 +65,13 @@ from popjax.drivers.base import (
     DriverOptions,
     Episodes,
     Rollout,
+    check_shared_critic,
     run_config,
     train_unless,
 )
 from popjax.drivers.independent import random_actions
 from popjax.envs.runner import Experience
-from popjax.learners.shared_critic import DiversityConfig, SharedCriticState, make_shared_critic_td3
+from popjax.learners.shared_critic import DiversityConfig, SharedCriticState
 from popjax.schema import INT32_MAX, Bool, Either, Float, Int, Number, NumberList, OneOf, problem
 from popjax.types import Key, dummy_transition
 
@@ -125,9 +126,7 @@ class DvDOptions(DriverOptions):
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo):
         config = run_config(info)
-        if config.learner != "td3":
-            raise problem(f"the dvd driver trains TD3 actors with a shared critic (allowed: td3), got "
-                          f"{config.learner!r}", at=("learner",), absolute=True)
+        check_shared_critic(config, "dvd", problem)
         if config.pop_size < 2:
             raise problem(f"dvd needs at least 2 members, got {config.pop_size}", at=("pop_size",), absolute=True)
         if config.pop_size * config.total_env_steps > INT32_MAX:
@@ -224,9 +223,8 @@ def build(ctx: BuildContext, options: DvDOptions | DvDSettings) -> Driver:
     """Shared-critic TD3 actors with the diversity term, trained like the independent population."""
     cfg, spec, members = ctx.config, ctx.spec, ctx.members
     settings = options.settings(cfg) if isinstance(options, DvDOptions) else options
-    if cfg.learner != "td3":
-        raise ConfigError(f"learner: the dvd driver trains TD3 actors with a shared critic; got {cfg.learner!r}")
-    shared = make_shared_critic_td3(ctx.learner_config, spec, members.local, settings.diversity,
+    check_shared_critic(cfg, "dvd", lambda message, at, absolute: ConfigError(f"learner: {message}"))
+    shared = ctx.learner_def.shared_critic(ctx.learner_config, spec, members.local, settings.diversity,
                                     device_axis=members.axis_name)
     buffer = make_uniform_buffer(cfg.buffer_size, cfg.batch_size)
     v_sample = jax.vmap(buffer.sample, in_axes=(0, None))

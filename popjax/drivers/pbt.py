@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Annotated, Any
 
@@ -45,11 +45,13 @@ from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from popjax import plots
 from popjax.distributed import fetch
-from popjax.drivers.base import BuildContext, Counters, DriverDef, DriverHost, DriverOptions, run_config
+from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, DriverOptions, run_config
 from popjax.drivers.independent import make_population
+from popjax.learners.base import ReplayStep, RolloutStep
 from popjax.population import tree
 from popjax.population.hparams import Range, hparams_table, validate_space
 from popjax.population.search_spaces import SEARCH_SPACES
+from popjax.registry import LEARNERS
 from popjax.schema import Bool, Float, Int, Invalid, Kind, Number, NumberList, OneOf, problem, show, validate
 from popjax.types import Key, PyTree
 
@@ -149,18 +151,16 @@ class PBTOptions(DriverOptions):
         if int(self.quantile * config.pop_size) < 1:
             raise problem(f"int({show(self.quantile)} x pop_size {config.pop_size}) = 0 members replaced; "
                           f"use quantile >= {1 / config.pop_size:.3g} or a larger population", at=("quantile",))
-        from popjax.learners import LEARNERS
-
         hparams_cls = LEARNERS[config.learner].hparams_cls
-        name = config.learner if self.search_space is None else self.search_space
-        if isinstance(name, str):
-            if name not in SEARCH_SPACES:
-                raise problem(f"no prior is named after the learner {name!r}; give one of "
+        space = self.search_space
+        if space is None:  # the learner's own prior
+            space = LEARNERS[config.learner].search_space
+            if space is None:
+                raise problem(f"the learner {config.learner!r} declares no prior; give one of "
                               f"{', '.join(SEARCH_SPACES)} or {{hparam: {{low, high, log, integer}}}}",
                               at=("search_space",))
-            space = SEARCH_SPACES[name]
-        else:
-            space = self.search_space
+        elif isinstance(space, str):
+            space = SEARCH_SPACES[space]
         self._space = validate_space(space, hparams_cls, at=("search_space",), nested=True)
         return self
 
@@ -355,13 +355,19 @@ def pbt_after_eval(key: Key, state, returns: jax.Array, config: PBTConfig, total
 
 
 class PBTHost(DriverHost):
-    """Writes the lineage: one entry per replaced member and round."""
+    """Writes the lineage (one entry per replaced member and round) around the host of the driver PBT
+    transforms (``inner``; by default the plain one), which keeps its own rows, records and checkpoints."""
 
-    def __init__(self):
-        super().__init__(lambda state: state.hparams)
+    def __init__(self, inner: DriverHost | None = None):
+        self.inner = inner or DriverHost(lambda state: state.hparams)
+        super().__init__(self.inner.hparams)
         self.lineage: list[dict[str, Any]] = []
 
+    def rows(self, state, metrics, returns):
+        return self.inner.rows(state, metrics, returns)
+
     def record(self, state, env_steps, returns, info) -> None:
+        self.inner.record(state, env_steps, returns, info)
         if not info["ready"]:
             return
         old, new = hparams_table(info["old_hparams"]), hparams_table(state.hparams)
@@ -377,15 +383,16 @@ class PBTHost(DriverHost):
 
     def summary(self, state) -> dict[str, Any]:
         record = fetch(state.pbt)
-        return {**super().summary(state), "lineage": [dict(e) for e in self.lineage], "pbt": {
+        return {**self.inner.summary(state), "lineage": [dict(e) for e in self.lineage], "pbt": {
             "rounds": int(record.rounds), "last_ready_env_steps": int(record.last_ready),
             "fitness_window": [[_json_float(v) for v in row] for row in np.asarray(record.window).tolist()],
             "window_count": np.asarray(record.count).tolist()}}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"lineage": [dict(e) for e in self.lineage]}
+        return {**self.inner.state_dict(), "lineage": [dict(e) for e in self.lineage]}
 
     def load_state_dict(self, data) -> None:
+        self.inner.load_state_dict(data)
         self.lineage = [dict(e) for e in data.get("lineage", [])]
 
 
@@ -402,26 +409,36 @@ def with_prior_hparams(ctx: BuildContext, config: PBTConfig) -> BuildContext:
     return dataclasses.replace(ctx, hparams=initial_hparams(ctx.setup_key, ctx.hparams, config.space, keep))
 
 
-def build(ctx: BuildContext, options: PBTOptions):
-    """The independent population, started from the prior and exploited after evaluations.
+def with_pbt(build_inner: Callable[[BuildContext], Driver], config: PBTConfig,
+             carried: tuple[str, ...] = ("learner",)) -> Callable[[BuildContext], Driver]:
+    """PBT as a transformer of a driver: ``ctx -> Driver`` of ``build_inner`` with exploit/explore after its
+    evaluations.
 
-    The initial hparams of the PBT space are drawn from the prior, except those the user fixed
-    (``hparams``) or sampled (``search_space``).
+    The inner driver is built from the context with the PBT space's initial hparams drawn from the prior (except
+    those the user fixed or sampled); its ``init(key, pbt=record)`` must keep the ``PBTRecord`` in its state's
+    ``pbt`` field, and its state must have ``counters``, ``hparams`` and the member-axis fields named in
+    ``carried`` (what a loser copies from its parent). Its ``after_eval`` becomes PBT's and its host is wrapped by
+    ``PBTHost`` (the lineage). Used by ``pbt`` (around the independent population) and ``hts`` (at barriers).
     """
-    config = options.pbt_config()
-    ctx = with_prior_hparams(ctx, config)
-    population = make_population(ctx, PBTState, MEMBER_AXES)
-    pop, total = ctx.config.pop_size, ctx.config.total_env_steps
-    return population._replace(
-        init=lambda key: population.init(key, pbt=initial_record(config.fitness_window, pop)),
-        after_eval=lambda key, state, returns: pbt_after_eval(key, state, returns, config, total),
-        host=PBTHost())
+    def build(ctx: BuildContext) -> Driver:
+        ctx = with_prior_hparams(ctx, config)
+        inner = build_inner(ctx)
+        pop, total = ctx.config.pop_size, ctx.config.total_env_steps
+        return inner._replace(
+            init=lambda key: inner.init(key, pbt=initial_record(config.fitness_window, pop)),
+            after_eval=lambda key, state, returns: pbt_after_eval(key, state, returns, config, total, carried),
+            host=PBTHost(inner.host))
+
+    return build
+
+
+def build(ctx: BuildContext, options: PBTOptions) -> Driver:
+    """The independent population, started from the prior and exploited after evaluations."""
+    return with_pbt(lambda c: make_population(c, PBTState, MEMBER_AXES), options.pbt_config())(ctx)
 
 
 def pbt_run_plots(run_dir) -> list:
     """``pbt_hparams.png`` (schedules from metrics.csv) and ``pbt_lineage.png`` (from summary.json)."""
-    from popjax.learners import LEARNERS
-
     cfg, rows = run_dir.read_config(), run_dir.read_metrics()
     summary = run_dir.read_summary() if (run_dir.path / "summary.json").exists() else {}
     definition = LEARNERS.get(cfg.get("learner"))
@@ -438,5 +455,5 @@ def pbt_run_plots(run_dir) -> list:
     return written
 
 
-DEFINITION = DriverDef(name="pbt", build=build, options=PBTOptions, plots=pbt_run_plots, prioritized_replay=True,
-                       on_policy=True)
+DEFINITION = DriverDef(name="pbt", build=build, options=PBTOptions, plots=pbt_run_plots,
+                       steps=(ReplayStep, RolloutStep), sources=None)

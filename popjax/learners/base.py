@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, NamedTuple, Protocol
 
 import jax
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from popjax.schema import Int, Number, NumberList
-from popjax.types import EnvSpec, Key, Metrics, PyTree, Transition
+from popjax.types import EnvSpec, Key, Metrics, PyTree
 
 # Schema types of the learners' static Configs (see ``popjax.schema``).
 Hidden = Annotated[tuple[int, ...], NumberList(
@@ -19,80 +19,109 @@ Hidden = Annotated[tuple[int, ...], NumberList(
     min_len=1, max_len=32)]
 BatchSize = Int(ge=1, le=1_048_576)
 
+# The MuJoCo tasks the learners' presets (``LearnerDef.presets``, tuned RL Baselines3 Zoo values) cover.
+MUJOCO_V5 = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5")
+
+
+class ReplayStep(NamedTuple):
+    """An off-policy learner's one update: ``chunk`` consecutive gradient steps of one member from replay.
+
+    ``update(keys [H], state, batches [H, B, ...], weights [H, B] | None, hparams) -> (state, metrics, td [H, B] |
+    None)``, H = ``chunk``. ``weights`` are importance weights of the TD losses (never of actor losses; None:
+    unweighted); ``td`` is the per-sample TD magnitude the replay source may write back (new priorities), or None
+    when the learner has none (then only sources that need no write-back fit). Metrics are means over the chunk.
+
+    ``chunk`` is the learner's smallest state transition (TD3 with a fixed policy delay d: d - 1 critic steps and a
+    policy step; SPO: a round of local steps and an averaging); drivers make K updates per call as K / H calls.
+    ``banks``: replay banks the learner reads (SPO: replica r reads the r-th ``B / banks`` rows of each batch, which
+    a banked source fills from bank r). ``window`` > 1: batches are ``popjax.types.Windows`` of that many consecutive
+    transitions of one env (multi-step targets). ``td``: whether ``update`` returns TD magnitudes.
+    """
+
+    update: Callable[[Key, Any, Any, jax.Array | None, Any], tuple[Any, Metrics, jax.Array | None]]
+    chunk: int = 1
+    banks: int = 1
+    window: int = 1
+    td: bool = True
+
+
+class RolloutStep(NamedTuple):
+    """An on-policy learner's one update from a trajectory of its own.
+
+    ``update(key, state, trajectory [T, envs, ...], hparams, behaviour) -> (state, metrics)``: ``trajectory`` is a
+    ``popjax.types.Trajectory``; ``behaviour`` is the learner state whose policy collected it (the state itself in a
+    synchronous loop, the previous one under HTS-RL's one-step lag, which the learner corrects for). ``updates``:
+    the gradient steps one call makes (PPO: epochs x minibatches), what drivers add to ``Counters.updates``.
+    """
+
+    update: Callable[[Key, Any, Any, Any, Any], tuple[Any, Metrics]]
+    updates: int = 1
+
+
+class Periodic(NamedTuple):
+    """A rare state change outside the K-step scan (RLx2's topology step), run every ``every`` updates on a freshly
+    sampled batch: ``run(key, state, batch, hparams) -> (state, metrics)``."""
+
+    every: int
+    run: Callable[[Key, Any, Any, Any], tuple[Any, Metrics]]
+
+
+class ReplayShrink(NamedTuple):
+    """A dynamic replay capacity (RLx2): every ``every`` env steps, ``run(state, oldest [oldest, ...], valid
+    [oldest], size, hparams) -> (count, distance)`` sees the member's ``oldest`` oldest transitions and says how many
+    of them to forget."""
+
+    every: int
+    oldest: int
+    run: Callable[[Any, Any, jax.Array, jax.Array, Any], tuple[jax.Array, jax.Array]]
+
 
 class Learner(NamedTuple):
     """Pure single-member functions; population code vmaps them over axis 0.
 
     init(key, hparams) -> state
-    update(key, state, batch, hparams) -> (state, metrics)     # ONE member, one gradient step
-    act(key, state, obs, hparams) -> action                    # exploration (obs may be batched)
-    policy(state, obs) -> action                                # greedy / evaluation
-
-    Optional: ``update_chunk(keys [chunk], state, batches [chunk, B, ...], hparams)`` does
-    ``chunk`` consecutive updates at once, equal in result to ``chunk`` calls of ``update`` with
-    those keys and batches but free to skip work ``update`` would discard (TD3 with a fixed
-    policy delay); its metrics are means over the chunk. Population code scans chunks.
-
-    ``update`` is None when a chunk is the learner's smallest state transition (SPO: a round of
-    ``chunk`` local steps and an averaging); population code then calls ``update_chunk`` only,
-    through ``chunk_update``, and K updates per call must be a multiple of ``chunk``.
-
-    Optional, for prioritized replay: ``update_weighted(key, state, batch, weights [B], hparams)
-    -> (state, metrics, td_abs [B])`` is ``update`` with the TD loss of sample ``i`` weighted by
-    ``weights[i]`` (importance weights) and returning ``|TD error|`` per sample (the new priorities).
-    ``update_chunk_weighted(keys [chunk], state, batches [chunk, B, ...], weights [chunk, B], hparams)
-    -> (state, metrics, td_abs [chunk, B])`` is the same for ``update_chunk`` (a learner offering it is
-    driven by chunks under prioritized replay too; the weights enter TD losses only, never actor losses).
-    ``banks`` is the number of replay banks the learner reads (SPO: one per replica, replica r reading
-    the r-th ``B / banks`` rows of every batch, which a banked buffer fills from bank r); 1 otherwise.
-
-    On-policy learners (PPO, A2C) offer ``update_rollout(key, state, trajectory, hparams, behaviour)
-    -> (state, metrics)`` instead of ``update`` (which is then None): one on-policy update from a
-    ``popjax.types.Trajectory`` ``[T, envs, ...]`` of this member. ``behaviour`` is the learner state
-    whose policy collected the trajectory: the state itself for a synchronous loop, the previous one
-    under a one-step lag (HTS-RL), where the learner corrects for the lag (A2C: the gradient at the
-    behaviour parameters applied to the current ones; PPO: old log-probabilities from ``behaviour``).
-    Such a learner keeps no replay buffer; its ``LearnerDef.on_policy`` is True. ``rollout_updates`` is
-    the number of gradient steps one ``update_rollout`` makes (PPO: epochs x minibatches; A2C: 1), what
-    drivers add to ``Counters.updates``.
-
-    Optional, for rare state changes outside the K-step scan (RLx2's topology steps): ``maintain(key, state,
-    batch, hparams) -> (state, metrics)``, which drivers run as their own compiled call (``Maintenance``) every
-    ``maintain_every`` updates, on a freshly sampled batch.
-
-    ``window`` > 1: the learner's batches are ``popjax.types.Windows`` of that many consecutive transitions of
-    one env (multi-step targets) instead of transitions.
-
-    Optional, a dynamic-capacity replay (RLx2): every ``replay_check_every`` env steps drivers call
-    ``replay_shrink(state, oldest [replay_oldest, ...], valid [replay_oldest], size, hparams) -> (count, distance)``
-    with the member's oldest transitions and forget its ``count`` oldest ones.
+    act(key, state, obs, hparams) -> action      # exploration (obs may be batched)
+    policy(state, obs) -> action                 # greedy / evaluation
+    step: a ``ReplayStep`` (off-policy, trained from a replay source) or a ``RolloutStep`` (on-policy)
+    maintain: an optional ``Periodic`` hook; shrink: an optional ``ReplayShrink`` hook (replay steps only)
     """
 
     init: Callable[[Key, Any], Any]
-    update: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None
     act: Callable[[Key, Any, jax.Array, Any], jax.Array]
     policy: Callable[[Any, jax.Array], jax.Array]
-    chunk: int = 1
-    update_chunk: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
-    update_weighted: Callable[[Key, Any, Transition, jax.Array, Any], tuple[Any, Metrics, jax.Array]] | None = None
-    update_rollout: Callable[[Key, Any, Any, Any, Any], tuple[Any, Metrics]] | None = None
-    update_chunk_weighted: Callable[[Key, Any, Transition, jax.Array, Any],
-                                    tuple[Any, Metrics, jax.Array]] | None = None
-    banks: int = 1
-    rollout_updates: int = 1
-    maintain: Callable[[Key, Any, Transition, Any], tuple[Any, Metrics]] | None = None
-    maintain_every: int = 0
-    window: int = 1
-    replay_shrink: Callable[[Any, Transition, jax.Array, jax.Array, Any], tuple[jax.Array, jax.Array]] | None = None
-    replay_check_every: int = 0
-    replay_oldest: int = 0
+    step: ReplayStep | RolloutStep
+    maintain: Periodic | None = None
+    shrink: ReplayShrink | None = None
+
+    @property
+    def on_policy(self) -> bool:
+        return isinstance(self.step, RolloutStep)
+
+
+def replay_step(update: Callable, **options) -> ReplayStep:
+    """A ``ReplayStep`` of chunk 1 from a one-step ``update(key, state, batch, weights [B] | None, hparams) ->
+    (state, metrics, td [B] | None)``: what TD3, SAC and DQN write."""
+
+    def one(keys, state, batches, weights, hparams):
+        first = lambda tree: jax.tree.map(lambda x: x[0], tree)
+        state, metrics, td = update(keys[0], state, first(batches), None if weights is None else weights[0], hparams)
+        return state, metrics, None if td is None else td[None]
+
+    return ReplayStep(one, chunk=1, **options)
 
 
 def chunk_update(learner: Learner) -> Callable:
-    """``learner.update_chunk``, or one ``update`` over a chunk of 1."""
-    if learner.update_chunk is not None:
-        return learner.update_chunk
-    return lambda keys, state, batches, hp: learner.update(keys[0], state, jax.tree.map(lambda b: b[0], batches), hp)
+    """The unweighted replay update ``(keys [H], state, batches [H, B, ...], hparams) -> (state, metrics)``."""
+    update = learner.step.update
+    return lambda keys, state, batches, hparams: update(keys, state, batches, None, hparams)[:2]
+
+
+def one_update(learner: Learner) -> Callable:
+    """One gradient step ``(key, state, batch, hparams) -> (state, metrics)`` of a learner whose chunk is 1."""
+    if learner.step.chunk != 1:
+        raise ValueError(f"one_update: the learner's replay step is a chunk of {learner.step.chunk} updates")
+    update = chunk_update(learner)
+    return lambda key, state, batch, hparams: update(key[None], state, jax.tree.map(lambda x: x[None], batch), hparams)
 
 
 class PopulationLearner(Protocol):
@@ -134,14 +163,27 @@ class LearnerDef:
     # (config, initial hparams [pop], updates per call K, hparams a driver may change) -> config: a learner
     # may fix a static setting the run allows (TD3: a policy delay no member will change).
     specialize: Callable[[Any, Any, int, frozenset[str]], Any] | None = None
-    # An on-policy learner (``Learner.update_rollout``): trained on each iteration's trajectories,
-    # no replay buffer; only drivers whose ``DriverDef.on_policy`` is True accept it.
-    on_policy: bool = False
+    # The kind of ``Learner.step`` ``make`` returns (``ReplayStep`` or ``RolloutStep``): known before the env is,
+    # so a run is checked against its driver and replay source when it is built.
+    step_kind: type = ReplayStep
     # (config, spec, hparams [pop] on the host) -> {name: [value per member]}: the learner's compute and memory
     # costs (RLx2: model sizes and FLOPs against dense), written to summary.json's "costs" and the results table.
     costs: Callable[[Any, EnvSpec, Any], dict[str, list[float]]] | None = None
     # state -> the params of a deterministic MLP actor (``popjax export``); None: nothing to export.
     actor_params: Callable[[Any], PyTree] | None = None
+    # Tuned options per env (``popjax.presets`` fills what the user did not give): env -> {option: value}.
+    presets: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    # The learner's PBT prior {hparam: {low, high, log, integer}}: what ``pbt`` explores unless the run names
+    # another; None: the run must give one.
+    search_space: Mapping[str, Mapping[str, Any]] | None = None
+    # (config, spec, actors, diversity=None, device_axis=None) -> a ``PopulationLearner`` whose actors share one
+    # critic (TD3's, for the cemrl and dvd drivers); None: the learner offers no shared-critic population.
+    shared_critic: Callable[..., Any] | None = None
+
+    @property
+    def on_policy(self) -> bool:
+        """Trained on each iteration's trajectories (a ``RolloutStep``), with no replay."""
+        return self.step_kind is RolloutStep
 
 
 # Adam without its learning rate: `params - lr * scale_by_adam(grads)` equals Adam(lr)

@@ -27,9 +27,20 @@ from flax import struct
 from pydantic import Field
 
 from popjax import schema
-from popjax.learners.base import BatchSize, Hidden, Learner, LearnerDef, adam_init, adam_step, scalar, select
+from popjax.learners.base import (
+    BatchSize,
+    Hidden,
+    Learner,
+    LearnerDef,
+    adam_init,
+    adam_step,
+    replay_step,
+    scalar,
+    select,
+)
 from popjax.networks.mlp import QNetwork
 from popjax.population.hparams import hparam
+from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.types import EnvSpec, Key, PyTree, Transition
 
 
@@ -122,7 +133,7 @@ def make_dqn(config: DQNConfig, spec: EnvSpec) -> Learner:
         )
 
     def update_weighted(key: Key, state: DQNState, batch: Transition, weights: jax.Array | None, hp: DQNHParams):
-        """``update`` with the loss weighted per sample; also ``|Q(s, a) - y|`` per sample."""
+        """One update, the loss weighted per sample (``weights`` None: unweighted); also ``|Q(s, a) - y|``."""
         del key  # the update is deterministic; randomness enters only in `act`
         y = jax.lax.stop_gradient(td_target(q_net, state.params, state.target_params, batch, hp.discount,
                                             config.double_q))
@@ -135,9 +146,6 @@ def make_dqn(config: DQNConfig, spec: EnvSpec) -> Learner:
         metrics = {"loss": loss, "q_mean": q.mean(), "epsilon": epsilon(hp, steps)}
         return new_state, metrics, jnp.abs(q - y)
 
-    def update(key: Key, state: DQNState, batch: Transition, hp: DQNHParams):
-        return update_weighted(key, state, batch, None, hp)[:2]
-
     def policy(state: DQNState, obs: jax.Array) -> jax.Array:
         return jnp.argmax(q_net.apply(state.params, obs), axis=-1).astype(jnp.int32)
 
@@ -148,11 +156,20 @@ def make_dqn(config: DQNConfig, spec: EnvSpec) -> Learner:
         explore = jax.random.uniform(key_explore, greedy.shape) < epsilon(hp, state.steps)
         return jnp.where(explore, random_action, greedy)
 
-    return Learner(init=init, update=update, act=act, policy=policy, update_weighted=update_weighted)
+    return Learner(init=init, act=act, policy=policy, step=replay_step(update_weighted))
 
+
+# The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
+PRESETS = {
+    "gym:CartPole-v1": {
+        "total_env_steps": 50_000, "warmup_steps": 1_000, "batch_size": 64, "buffer_size": 100_000,
+        "rollout_len": 256, "update_ratio": 0.5,
+        "hparams": {"lr": 2.3e-3, "discount": 0.99, "epsilon_end": 0.04, "epsilon_decay_steps": 4_000},
+        "learner_config": {"hidden": [256, 256], "target_update_period": 128}},
+}
 
 DEFINITION = LearnerDef(
-    name="dqn",
+    name="dqn", search_space=SEARCH_SPACES["dqn"], presets=PRESETS,
     config_cls=DQNConfig,
     hparams_cls=DQNHParams,
     make=make_dqn,

@@ -20,8 +20,9 @@ from pydantic import Field
 
 from popjax import schema
 from popjax.learners import onpolicy
-from popjax.learners.base import Hidden, Learner, LearnerDef, adam_step, scalar
+from popjax.learners.base import Hidden, Learner, LearnerDef, RolloutStep, adam_step, scalar
 from popjax.population.hparams import hparam
+from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.types import EnvSpec, Key, Trajectory
 
 
@@ -84,9 +85,19 @@ def make_ppo(config: PPOConfig, spec: EnvSpec) -> Learner:
         return new_state, jax.tree.map(jnp.mean, metrics)
 
     act, policy = onpolicy.acting(net)
-    return Learner(init=init, update=None, act=act, policy=policy, update_rollout=update_rollout,
-                   rollout_updates=epochs * minibatches)
+    return Learner(init=init, act=act, policy=policy, step=RolloutStep(update_rollout, updates=epochs * minibatches))
 
 
-DEFINITION = LearnerDef(name="ppo", config_cls=PPOConfig, hparams_cls=PPOHParams, make=make_ppo,
-                        default_hparams=default_hparams, action_kind="any", on_policy=True)
+# The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
+# zoo ppo.yml CartPole-v1: 8 envs x 32 steps, minibatch 256, 20 epochs, lr 1e-3 and clip 0.2 (both linearly
+# decayed there), gamma 0.98, lambda 0.8, no entropy bonus, 1e5 steps
+PRESETS = {
+    "gym:CartPole-v1": {
+        "total_env_steps": 100_000, "envs_per_member": 8, "rollout_len": 32,
+        "hparams": {"lr": 1e-3, "clip": 0.2, "discount": 0.98, "gae_lambda": 0.8, "ent_coef": 0.0},
+        "learner_config": {"epochs": 20, "minibatches": 1}},
+}
+
+DEFINITION = LearnerDef(name="ppo", search_space=SEARCH_SPACES["ppo"], presets=PRESETS,
+                        config_cls=PPOConfig, hparams_cls=PPOHParams, make=make_ppo,
+                        default_hparams=default_hparams, action_kind="any", step_kind=RolloutStep)

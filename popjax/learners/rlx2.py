@@ -50,7 +50,18 @@ from pydantic import Field
 from popjax import schema
 from popjax.config import ConfigError
 from popjax.learners import sac, td3
-from popjax.learners.base import BatchSize, Hidden, Learner, LearnerDef, adam_step, init_actor_critic, scalar
+from popjax.learners.base import (
+    BatchSize,
+    Hidden,
+    Learner,
+    LearnerDef,
+    Periodic,
+    ReplayShrink,
+    ReplayStep,
+    adam_step,
+    init_actor_critic,
+    scalar,
+)
 from popjax.networks import sparse
 from popjax.population.hparams import hparam
 from popjax.types import EnvSpec, Key, PyTree, Transition, Windows
@@ -324,6 +335,7 @@ def sac_base(config: RLx2Config, spec: EnvSpec) -> Base:
 # --- the learner ----------------------------------------------------------------------------------
 def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
     core = base.core
+    delay = getattr(config, "fixed_policy_delay", None)
 
     def made_steps(state: RLx2State):
         if config.n_step == 1:
@@ -343,13 +355,15 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
         inner = inner.replace(actor=actor, critic=critic, **{t: online[t] for t in base.targets})
         return RLx2State(inner=inner, actor_mask=actor_mask, critic_mask=critic_mask)
 
-    def update(key: Key, state: RLx2State, batch: Transition | Windows, hp):
-        inner, metrics, _ = core.update_weighted(key, state.inner, batch, None, hp, made_steps(state))
-        return state.replace(inner=inner), metrics
-
-    def update_chunk(keys: Key, state: RLx2State, batches: Transition | Windows, hp):
-        inner, metrics = core.update_chunk(keys, state.inner, batches, hp, made_steps(state))
-        return state.replace(inner=inner), metrics
+    def update(keys: Key, state: RLx2State, batches: Transition | Windows, weights: None, hp):
+        """One update (chunk 1) or a fixed-delay chunk; unweighted (no prioritized replay: windows need uniform)."""
+        del weights
+        if delay:
+            inner, metrics, _ = core.update_chunk(keys, state.inner, batches, None, hp, made_steps(state))
+        else:
+            first = lambda tree: jax.tree.map(lambda x: x[0], tree)
+            inner, metrics, _ = core.update_weighted(keys[0], state.inner, first(batches), None, hp, made_steps(state))
+        return state.replace(inner=inner), metrics, None
 
     def grow_scores(key: Key, state: RLx2State, batch: Transition | Windows, hp):
         """``(actor, critic)`` scores of the inactive links: dense |grad| (RigL) or uniform noise (SET)."""
@@ -414,13 +428,12 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
     if config.n_step > spec.max_episode_steps:
         raise ConfigError(f"learner_config.n_step: {config.n_step} is longer than the episode limit of {spec.name} "
                           f"(allowed: at most {spec.max_episode_steps})")
-    delay = getattr(config, "fixed_policy_delay", None)
     evolves = config.topology != "static"
-    return Learner(init=init, update=update, act=act, policy=policy, chunk=delay or 1,
-                   update_chunk=update_chunk if delay else None,
-                   maintain=maintain if evolves else None, maintain_every=config.dst_interval if evolves else 0,
-                   window=config.n_step, replay_shrink=replay_shrink if config.dynamic_buffer else None,
-                   replay_check_every=config.buffer_check_interval, replay_oldest=config.oldest_checked)
+    return Learner(init=init, act=act, policy=policy,
+                   step=ReplayStep(update, chunk=delay or 1, window=config.n_step, td=False),
+                   maintain=Periodic(config.dst_interval, maintain) if evolves else None,
+                   shrink=(ReplayShrink(config.buffer_check_interval, config.oldest_checked, replay_shrink)
+                           if config.dynamic_buffer else None))
 
 
 def make_rlx2_td3(config: RLx2TD3Config, spec: EnvSpec) -> Learner:

@@ -37,6 +37,7 @@ from pydantic import Field
 
 from popjax import schema
 from popjax.learners.base import (
+    MUJOCO_V5,
     BatchSize,
     Hidden,
     Learner,
@@ -46,10 +47,12 @@ from popjax.learners.base import (
     identity,
     init_actor_critic,
     polyak,
+    replay_step,
     scalar,
 )
 from popjax.networks.mlp import GaussianActor, TwinCritic
 from popjax.population.hparams import hparam
+from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.types import EnvSpec, Key, PyTree, Transition
 
 _LOG2 = math.log(2.0)
@@ -260,16 +263,24 @@ def sac_core(config: SACConfig, spec: EnvSpec) -> SACCore:
 
 def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
     core = sac_core(config, spec)
+    return Learner(init=core.init, act=core.act, policy=core.policy, step=replay_step(core.update_weighted))
 
-    def update(key: Key, state: SACState, batch: Transition, hp: SACHParams):
-        return core.update_weighted(key, state, batch, None, hp)[:2]
 
-    return Learner(init=core.init, update=update, act=core.act, policy=core.policy,
-                   update_weighted=core.update_weighted)
-
+# The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
+# MuJoCo v5: zoo "mujoco-defaults" (SB3 SAC: lr 3e-4, batch 256, net [256, 256]).
+_MUJOCO_PRESET = {"total_env_steps": 1_000_000, "warmup_steps": 10_000, "batch_size": 256, "buffer_size": 1_000_000,
+                  "learner_config": {"hidden": [256, 256]}}
+PRESETS = {
+    **{f"gym:{env}": _MUJOCO_PRESET for env in MUJOCO_V5},
+    "gym:Humanoid-v5": {**_MUJOCO_PRESET, "total_env_steps": 2_000_000},
+    "gym:Pendulum-v1": {
+        "total_env_steps": 20_000, "warmup_steps": 100, "batch_size": 256, "buffer_size": 1_000_000,
+        "hparams": {"actor_lr": 1e-3, "critic_lr": 1e-3, "alpha_lr": 1e-3},
+        "learner_config": {"hidden": [256, 256]}},
+}
 
 DEFINITION = LearnerDef(
-    name="sac",
+    name="sac", search_space=SEARCH_SPACES["sac"], presets=PRESETS,
     config_cls=SACConfig,
     hparams_cls=SACHParams,
     make=make_sac,

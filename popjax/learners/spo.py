@@ -4,8 +4,8 @@ A member holds R replicas of a base learner's online networks
 and optimizer states (leading axis ``[R]``; a population of SPO learners is ``[N, R, ...]``, one
 compiled call) and ONE copy of the target networks: replicas never differ in them.
 
-How batches flow. One SPO update is a *round* and is the learner's chunk: ``Learner.chunk = H``
-(``local_steps``) and ``update_chunk(keys [H], state, batches [H, B, ...], hparams)``, so the
+How batches flow. One SPO update is a *round* and is the learner's ``ReplayStep`` with ``chunk = H``
+(``local_steps``): ``update(keys [H], state, batches [H, B, ...], weights, hparams)``, so the
 independent driver samples H batches of the run's ``batch_size`` B per round, exactly as it does
 for TD3's policy-delay chunks. Replica r trains on slice r of each batch (b = B/R; disjoint slices
 of one uniform sample play the thesis's per-replica bank sample). A round is ``scan`` over H local
@@ -14,8 +14,8 @@ inside the vmaps); every F (``target_rounds``) rounds the targets become hard co
 online networks (after round F, 2F, ...). The run's updates count local steps: K updates per
 iteration are K/H rounds (``specialize`` checks that H divides K).
 
-Contract change: ``update`` is None. A lone local step is no state transition of SPO (SPO-TD3's actor
-phase needs the round's H batches), so drivers call ``update_chunk`` through ``chunk_update``.
+A lone local step is no state transition of SPO (SPO-TD3's actor phase needs the round's H batches), so the
+round is the smallest update SPO offers.
 
 Choices the thesis leaves open (documented deviations):
 - ``opt_state``: ``average`` (default; Adam moments averaged with the weights, replicas stay
@@ -32,7 +32,7 @@ Choices the thesis leaves open (documented deviations):
   diverging variant, for comparison); targets stay frozen in both.
 - Target copies after rounds F, 2F, ... (Alg. 7/8 test ``e mod F == 0`` from e = 0, i.e. also after the
   first round); this way R = 1 SPO-DQN equals DQN with ``target_update_period = H * F`` (test L5).
-- Prioritized replay (``update_chunk_weighted``, ``banks = R``): replica r's slice of each batch comes from bank r
+- Prioritized replay (``weights`` given, ``banks = R``): replica r's slice of each batch comes from bank r
   of the member's banked buffer (Ch. 5); importance weights scale the TD/critic loss only. Not here: a
   Polyak-at-averaging flag.
 """
@@ -55,6 +55,7 @@ from popjax.learners.base import (
     Hidden,
     Learner,
     LearnerDef,
+    ReplayStep,
     adam_init,
     adam_step,
     init_actor_critic,
@@ -203,7 +204,7 @@ def make_spo_dqn(config: SPODQNConfig, spec: EnvSpec) -> Learner:
         return SPODQNState(params=replicate(one.params, r), opt=replicate(one.opt, r), target_params=one.target_params,
                            steps=one.steps)
 
-    def update_chunk_weighted(keys: Key, state: SPODQNState, batches: Transition, weights: jax.Array | None,
+    def update_round(keys: Key, state: SPODQNState, batches: Transition, weights: jax.Array | None,
                               hp: dqn.DQNHParams):
         """A round; sample i's loss weighted by ``weights`` ``[H, B]`` (None: unweighted); also ``|Q(s, a) - y|``
         ``[H, B]``."""
@@ -227,16 +228,13 @@ def make_spo_dqn(config: SPODQNConfig, spec: EnvSpec) -> Learner:
         new_state = SPODQNState(params=params, opt=opt, target_params=target, steps=steps)
         return new_state, {**metrics, "epsilon": dqn.epsilon(hp, steps)}, td_abs
 
-    def update_chunk(keys: Key, state: SPODQNState, batches: Transition, hp: dqn.DQNHParams):
-        return update_chunk_weighted(keys, state, batches, None, hp)[:2]
-
     # The plain DQN's acting functions on replica 0, with the SPO step counter for epsilon.
     def as_dqn(state: SPODQNState) -> dqn.DQNState:
         return dqn.DQNState(params=first(state.params), target_params=state.target_params, opt=None, steps=state.steps)
 
-    return Learner(init=init, update=None, act=lambda key, state, obs, hp: base.act(key, as_dqn(state), obs, hp),
-                   policy=lambda state, obs: base.policy(as_dqn(state), obs), chunk=config.local_steps,
-                   update_chunk=update_chunk, update_chunk_weighted=update_chunk_weighted, banks=r)
+    return Learner(init=init, act=lambda key, state, obs, hp: base.act(key, as_dqn(state), obs, hp),
+                   policy=lambda state, obs: base.policy(as_dqn(state), obs),
+                   step=ReplayStep(update_round, chunk=config.local_steps, banks=r))
 
 
 # --- SPO-TD3 -------------------------------------------------------------------------------------
@@ -288,7 +286,7 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
                            actor_opt=replicate(adam_init(actor), r), critic_opt=replicate(adam_init(critic), r),
                            target_actor=actor, target_critic=critic, steps=jnp.zeros((), jnp.int32))
 
-    def update_chunk_weighted(keys: Key, state: SPOTD3State, batches: Transition, weights: jax.Array | None,
+    def update_round(keys: Key, state: SPOTD3State, batches: Transition, weights: jax.Array | None,
                               hp: SPOTD3HParams):
         """A round; the critic loss of sample i weighted by ``weights`` ``[H, B]`` (None: unweighted; the actor
         loss never is); also the larger twin's ``|Q(s, a) - y|`` ``[H, B]`` from the critic phase."""
@@ -339,16 +337,13 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
                                 target_critic=select(copy, first(critic), state.target_critic), steps=steps)
         return new_state, metrics, td_abs
 
-    def update_chunk(keys: Key, state: SPOTD3State, batches: Transition, hp: SPOTD3HParams):
-        return update_chunk_weighted(keys, state, batches, None, hp)[:2]
-
     def as_td3(state: SPOTD3State) -> td3.TD3State:
         return td3.TD3State(actor=first(state.actor), critic=None, target_actor=None, target_critic=None,
                             actor_opt=None, critic_opt=None, steps=state.steps)
 
-    return Learner(init=init, update=None, act=lambda key, state, obs, hp: base.act(key, as_td3(state), obs, hp),
-                   policy=lambda state, obs: base.policy(as_td3(state), obs), chunk=config.local_steps,
-                   update_chunk=update_chunk, update_chunk_weighted=update_chunk_weighted, banks=r)
+    return Learner(init=init, act=lambda key, state, obs, hp: base.act(key, as_td3(state), obs, hp),
+                   policy=lambda state, obs: base.policy(as_td3(state), obs),
+                   step=ReplayStep(update_round, chunk=config.local_steps, banks=r))
 
 
 DQN_DEFINITION = LearnerDef(name="spo_dqn", config_cls=SPODQNConfig, hparams_cls=dqn.DQNHParams, make=make_spo_dqn,

@@ -29,21 +29,25 @@ from pydantic import Field
 from popjax import schema
 from popjax.config import ConfigError
 from popjax.learners.base import (
+    MUJOCO_V5,
     BatchSize,
     Hidden,
     Int,
     Learner,
     LearnerDef,
+    ReplayStep,
     adam_init,
     adam_step,
     identity,
     init_actor_critic,
     polyak,
+    replay_step,
     scalar,
     select,
 )
 from popjax.networks.mlp import DeterministicActor, TwinCritic
 from popjax.population.hparams import hparam
+from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.types import EnvSpec, Key, PyTree, Transition
 
 
@@ -148,7 +152,7 @@ class TD3Core(NamedTuple):
     critic_net: TwinCritic
     init: Callable
     update_weighted: Callable  # (key, state, batch, weights | None, hp, steps) -> (state, metrics, td_abs)
-    update_chunk: Callable  # (keys [d], state, batches [d, B, ...], hp, steps) -> (state, metrics)
+    update_chunk: Callable  # (keys [d], state, batches [d, B, ...], weights [d, B] | None, hp, steps) -> (.., td_abs)
     policy: Callable
     act: Callable
 
@@ -210,26 +214,30 @@ def td3_core(config: TD3Config, spec: EnvSpec) -> TD3Core:
         metrics = {"critic_loss": critic_loss, "actor_loss": actor_loss, "q_mean": q.mean()}
         return new_state, metrics, td_abs
 
-    def update_chunk(keys: Key, state: TD3State, batches: Transition, hp: TD3HParams, steps: TD3Steps = PLAIN):
-        """``d`` updates (``fixed_policy_delay``): ``d - 1`` critic-only steps, then the policy step."""
+    def update_chunk(keys: Key, state: TD3State, batches: Transition, weights: jax.Array | None, hp: TD3HParams,
+                     steps: TD3Steps = PLAIN):
+        """``d`` updates (``fixed_policy_delay``): ``d - 1`` critic-only steps, then the policy step. ``weights``
+        ``[d, B]`` weight the critic losses (None: unweighted); also returns ``|TD error|`` ``[d, B]``."""
 
         def critic_only(state, xs):
-            key, batch = xs
-            critic, critic_opt, critic_loss, q, _ = critic_update(key, state, batch, hp, steps)
-            return state.replace(critic=critic, critic_opt=critic_opt, steps=state.steps + 1), (critic_loss, q.mean())
+            key, batch, w = xs
+            critic, critic_opt, critic_loss, q, td_abs = critic_update(key, state, batch, hp, steps, w)
+            return (state.replace(critic=critic, critic_opt=critic_opt, steps=state.steps + 1),
+                    (critic_loss, q.mean(), td_abs))
 
-        head = jax.tree.map(lambda x: x[:-1], (keys, batches))
+        head = jax.tree.map(lambda x: x[:-1], (keys, batches, weights))
         # unrolled: d - 1 is small, and XLA's cost analysis then counts every step (it counts a loop body once)
-        state, (critic_losses, q_means) = jax.lax.scan(critic_only, state, head, unroll=True)
+        state, (critic_losses, q_means, td_head) = jax.lax.scan(critic_only, state, head, unroll=True)
         batch = jax.tree.map(lambda x: x[-1], batches)
-        critic, critic_opt, critic_loss, q, _ = critic_update(keys[-1], state, batch, hp, steps)
+        last_weights = None if weights is None else weights[-1]
+        critic, critic_opt, critic_loss, q, td_abs = critic_update(keys[-1], state, batch, hp, steps, last_weights)
         actor, actor_opt, actor_loss = actor_update(state, critic, batch, hp, steps)
         target_actor, target_critic = targets(state, actor, critic, hp, steps)
         new_state = TD3State(actor=actor, critic=critic, target_actor=target_actor, target_critic=target_critic,
                              actor_opt=actor_opt, critic_opt=critic_opt, steps=state.steps + 1)
         metrics = {"critic_loss": jnp.append(critic_losses, critic_loss).mean(), "actor_loss": actor_loss,
                    "q_mean": jnp.append(q_means, q.mean()).mean()}
-        return new_state, metrics
+        return new_state, metrics, jnp.concatenate([td_head, td_abs[None]])
 
     def policy(state: TD3State, obs: jax.Array) -> jax.Array:
         return actor_net.apply(state.actor, obs)
@@ -243,13 +251,9 @@ def td3_core(config: TD3Config, spec: EnvSpec) -> TD3Core:
 
 def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
     core = td3_core(config, spec)
-
-    def update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams):
-        return core.update_weighted(key, state, batch, None, hp)[:2]
-
     delay = config.fixed_policy_delay
-    return Learner(init=core.init, update=update, act=core.act, policy=core.policy, chunk=delay or 1,
-                   update_chunk=core.update_chunk if delay else None, update_weighted=core.update_weighted)
+    step = ReplayStep(core.update_chunk, chunk=delay) if delay else replay_step(core.update_weighted)
+    return Learner(init=core.init, act=core.act, policy=core.policy, step=step)
 
 
 def specialize(config: TD3Config, hparams: TD3HParams, updates_per_call: int, searched: frozenset[str]) -> TD3Config:
@@ -267,8 +271,21 @@ def specialize(config: TD3Config, hparams: TD3HParams, updates_per_call: int, se
     return config
 
 
+# The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
+# MuJoCo v5: zoo "mujoco-defaults" (SB3 TD3: lr 1e-3, batch 256, net [400, 300]).
+_MUJOCO_PRESET = {"total_env_steps": 1_000_000, "warmup_steps": 10_000, "batch_size": 256, "buffer_size": 1_000_000,
+                  "hparams": {"actor_lr": 1e-3, "critic_lr": 1e-3, "exploration_noise": 0.1},
+                  "learner_config": {"hidden": [400, 300]}}
+PRESETS = {
+    **{f"gym:{env}": _MUJOCO_PRESET for env in MUJOCO_V5},
+    "gym:Pendulum-v1": {
+        "total_env_steps": 20_000, "warmup_steps": 10_000, "batch_size": 256, "buffer_size": 200_000,
+        "hparams": {"actor_lr": 1e-3, "critic_lr": 1e-3, "discount": 0.98, "exploration_noise": 0.1},
+        "learner_config": {"hidden": [400, 300]}},
+}
+
 DEFINITION = LearnerDef(
-    name="td3",
+    name="td3", search_space=SEARCH_SPACES["td3"], presets=PRESETS,
     config_cls=TD3Config,
     hparams_cls=TD3HParams,
     make=make_td3,
