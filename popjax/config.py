@@ -185,7 +185,6 @@ def _set(config: RunConfig, name: str, value: Any) -> None:
 def _check_run(config: RunConfig) -> None:
     """Checks across fields and the nested schemas; stores the nested blocks normalised."""
     from popjax.population.hparams import validate_hparams, validate_space
-    from popjax.registry import LEARNERS
 
     c = config
     if c.parallel == "pmap" and not DRIVERS[c.driver].pmap:
@@ -266,7 +265,6 @@ def _learner_config(config: RunConfig, definition, nested: bool = False):
 
 def make_learner_config(config: RunConfig):
     """The run's learner ``Config`` (e.g. ``TD3Config``), from ``learner_config`` and the run's batch size."""
-
     return _learner_config(config, LEARNERS[config.learner])[0]
 
 
@@ -276,7 +274,6 @@ def make_config(**options: Any) -> RunConfig:
     An option named after a registered driver (``pbt={...}``) is that driver's options block;
     ``None`` means the default.
     """
-
     fields = [f.name for f in dataclasses.fields(RunConfig)]
     for name in options:
         if name not in fields and name not in DRIVERS:
@@ -316,8 +313,6 @@ def _size(n: float) -> str:
 
 def replay_transitions(config: RunConfig) -> int:
     """Replay transitions the run holds in total: none for an on-policy learner (it trains on each rollout)."""
-    from popjax.registry import LEARNERS
-
     return 0 if LEARNERS[config.learner].on_policy else DRIVERS[config.driver].replay_transitions(config)
 
 

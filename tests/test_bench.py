@@ -20,6 +20,7 @@ import pytest
 from popjax.bench import common, compile, drivers, envstep, per, report, roofline, shared_critic, train, update
 from popjax.bench import torch_reference as tr
 from popjax.learners import dqn, sac, td3
+from popjax.learners.base import one_update
 from popjax.types import EnvSpec, Transition
 
 TINY = dict(hidden=(16, 16), repeats=10, min_time=0.0, seed=0)
@@ -598,7 +599,7 @@ def test_torch_td3_matches_jax_td3():
     learner = td3.make_td3(td3.TD3Config(hidden=(16, 16), batch_size=8), spec)
     hp = td3.default_hparams()  # policy_delay 2: steps 2 and 4 are policy steps
     state = jax.jit(learner.init)(jax.random.key(0), hp)
-    step_fn = jax.jit(learner.update)  # one compilation instead of op-by-op dispatch
+    step_fn = jax.jit(one_update(learner))  # one compilation instead of op-by-op dispatch
     member = tr.TorchTD3(5, 3, (16, 16), tr.hparams_dict(hp))
     tr.load_td3_from_jax(member, state)
     rng = np.random.default_rng(0)
@@ -626,7 +627,7 @@ def test_torch_sac_matches_jax_sac():
     learner = sac.make_sac(sac.SACConfig(hidden=(16, 16), batch_size=8), spec)
     hp = sac.default_hparams()
     state = jax.jit(learner.init)(jax.random.key(1), hp)
-    step_fn = jax.jit(learner.update)
+    step_fn = jax.jit(one_update(learner))
     member = tr.TorchSAC(5, 3, (16, 16), tr.hparams_dict(hp))
     tr.load_sac_from_jax(member, state)
     rng = np.random.default_rng(1)
@@ -647,7 +648,7 @@ def test_torch_dqn_matches_jax_dqn():
     learner = dqn.make_dqn(config, spec)
     hp = dqn.default_hparams()
     state = jax.jit(learner.init)(jax.random.key(2), hp)
-    step_fn = jax.jit(learner.update)
+    step_fn = jax.jit(one_update(learner))
     member = tr.TorchDQN(5, (16,), tr.hparams_dict(hp), target_update_period=2, frame=36)
     tr.load_dqn_from_jax(member, state)
     rng = np.random.default_rng(2)

@@ -154,11 +154,11 @@ def member_run(key, hp):
     learner, config = make()
 
     def one_round(state, round_key):
-        def one_update(state, i):
+        def update_once(state, i):
             k = jax.random.fold_in(round_key, i)
             return one_update(learner)(k, state, random_batch(k, SPEC, 16), hp)[0], None
 
-        state, _ = jax.lax.scan(one_update, state, jnp.arange(config.dst_interval))
+        state, _ = jax.lax.scan(update_once, state, jnp.arange(config.dst_interval))
         k = jax.random.fold_in(round_key, 99)
         return learner.maintain.run(k, state, random_batch(k, SPEC, 16), hp)[0], None
 

@@ -9,7 +9,7 @@ import pytest
 
 from popjax.bench.cemrl_order import make_sequential_order
 from popjax.learners import td3
-from popjax.learners.base import adam_step
+from popjax.learners.base import adam_step, one_update
 from popjax.learners.shared_critic import from_member_states, make_shared_critic_td3
 from popjax.networks.mlp import DeterministicActor, TwinCritic
 from popjax.population import tree
@@ -62,7 +62,7 @@ def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
-SINGLE_UPDATE, SHARED1_UPDATE = JIT(SINGLE.update), JIT(SHARED1.update)
+SINGLE_UPDATE, SHARED1_UPDATE = JIT(one_update(SINGLE)), JIT(SHARED1.update)
 
 
 def numpy_td3_state(seed):

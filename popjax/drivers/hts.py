@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -240,36 +240,88 @@ def build(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], A
     return pbt.with_pbt(build_hts, options._pbt, carried=PBT_CARRIED)(ctx)
 
 
+class SegmentLearning(NamedTuple):
+    """What the hts driver does with segments, for one kind of learner step (``SEGMENTS``).
+
+    ``init(learner states) -> {behaviour, buffer, pending}`` (the state fields the kind keeps); ``stage(state,
+    transitions, ended, behaviour) -> state`` takes a finished segment (``[n, alpha, envs, ...]``) in at the
+    barrier; ``train(key, state) -> (learner states, metrics)`` is one update call, which makes ``updates``
+    gradient steps per member; ``warmup``: env steps per member of random actions and no updates."""
+
+    init: Callable[[Any], dict[str, Any]]
+    stage: Callable[[Any, Transition, jax.Array, Any], Any]
+    train: Callable[[Key, Any], tuple[Any, Any]]
+    updates: int
+    warmup: int
+
+
+def rollout_segments(ctx: BuildContext, options: HtsOptions) -> SegmentLearning:
+    """On-policy: the segment is staged as the next update's trajectory, with the behaviour state that collected
+    it (the update corrects for the one-segment lag; ``delayed_gradient: none`` passes the current state)."""
+    learner, members, cfg, n, alpha = ctx.learner, ctx.members, ctx.config, ctx.members.local, options.alpha
+    shape = (n, alpha, cfg.envs_per_member)
+
+    def init(learner_state):
+        zero = jax.tree.map(lambda x: jnp.zeros(shape + x.shape, x.dtype), dummy_transition(ctx.spec))
+        return {"behaviour": learner_state, "buffer": None, "pending": Trajectory(zero, jnp.zeros(shape, bool))}
+
+    def stage(state, transitions, ended, behaviour):
+        return state.replace(pending=Trajectory(transitions, ended), behaviour=behaviour.learner)
+
+    def train(key, state):
+        behaviour = state.behaviour if options.delayed_gradient == "eq6" else state.learner
+        return jax.vmap(learner.step.update)(members.keys(key), state.learner, state.pending, state.hparams,
+                                             behaviour)
+
+    return SegmentLearning(init, stage, train, updates=learner.step.updates, warmup=0)
+
+
+def replay_segments(ctx: BuildContext, options: HtsOptions) -> SegmentLearning:
+    """Off-policy: the segment goes into each member's replay source at the barrier, in (t, env) order as a
+    synchronous rollout adds it, and each update call makes ``K = alpha x envs x update_ratio`` updates."""
+    learner, members, cfg, n = ctx.learner, ctx.members, ctx.config, ctx.members.local
+    if learner.step.window > 1 or learner.maintain is not None or learner.shrink is not None:
+        # Its segment replay holds single transitions and it schedules no maintenance: refuse, never skip them.
+        raise ConfigError(f"learner: {cfg.learner} needs multi-step windows, topology steps or a dynamic replay, "
+                          "which the hts driver does not run (allowed: independent or pbt drivers)")
+    k, chunk = max(1, round(options.alpha * cfg.envs_per_member * cfg.update_ratio)), learner.step.chunk
+    if k % chunk:
+        raise ConfigError(f"hts.alpha: {k} updates per segment is not a multiple of the learner's chunk {chunk}")
+    source = make_source(ctx)
+
+    def init(learner_state):
+        return {"behaviour": None, "buffer": jax.vmap(lambda _: source.init())(jnp.arange(n)), "pending": None}
+
+    def stage(state, transitions, ended, behaviour):
+        del behaviour
+        flat = jax.tree.map(lambda x: x.reshape((n, -1) + x.shape[3:]), (transitions, ended))
+        return state.replace(buffer=jax.vmap(source.add)(state.buffer, *flat))
+
+    def train(key, state):
+        learner_state, _, metrics = replay_updates(learner, source, members, k, key, state.learner, state.buffer,
+                                                   state.hparams)  # a uniform source: nothing written back
+        return learner_state, metrics
+
+    return SegmentLearning(init, stage, train, updates=k, warmup=cfg.warmup_steps)
+
+
+SEGMENTS = {RolloutStep: rollout_segments, ReplayStep: replay_segments}
+
+
 def build_independent(ctx: BuildContext, options: HtsOptions, env_factory: Callable[[int], Any] | None = None
                       ) -> Driver:
     """Independent members on the HTS schedule."""
     cfg, spec, learner, members = ctx.config, ctx.spec, ctx.learner, ctx.members
-    on_policy = learner.on_policy
-    if not on_policy and (learner.step.window > 1 or learner.maintain is not None or learner.shrink is not None):
-        # Its segment replay holds single transitions and it schedules no maintenance: refuse, never skip them.
-        raise ConfigError(f"learner: {cfg.learner} needs multi-step windows, topology steps or a dynamic replay, "
-                          "which the hts driver does not run (allowed: independent or pbt drivers)")
     n, envs, alpha = members.local, cfg.envs_per_member, options.alpha
     if members.local != cfg.pop_size:
         raise ConfigError("parallel: the hts driver runs one program for the whole population (not pmap)")
-    k, chunk = max(1, round(alpha * envs * cfg.update_ratio)), learner.step.chunk if not on_policy else 1
-    source = None if on_policy else make_source(ctx)
-    if not on_policy and k % chunk:
-        raise ConfigError(f"hts.alpha: {k} updates per segment is not a multiple of the learner's chunk {chunk}")
-    warmup = 0 if on_policy else cfg.warmup_steps
+    segments = SEGMENTS[type(learner.step)](ctx, options)
+    warmup = segments.warmup
 
     def init(key: Key, pbt: pbt.PBTRecord | None = None) -> HtsState:
         learner_state, hparams = init_members(ctx, key)
-        pending = buf = None
-        if on_policy:
-            zero = dummy_transition(spec)
-            pending = Trajectory(jax.tree.map(lambda x: jnp.zeros((n, alpha, envs) + x.shape, x.dtype), zero),
-                                 jnp.zeros((n, alpha, envs), bool))
-        else:
-            buf = jax.vmap(lambda _: source.init())(jnp.arange(n))
-        return HtsState(learner=learner_state, behaviour=learner_state if on_policy else None, hparams=hparams,
-                        buffer=buf, pending=pending, has_pending=jnp.zeros((), bool), counters=Counters.zeros(),
-                        pbt=pbt)
+        return HtsState(learner=learner_state, hparams=hparams, has_pending=jnp.zeros((), bool),
+                        counters=Counters.zeros(), pbt=pbt, **segments.init(learner_state))
 
     def row_keys(key: Key, t: jax.Array) -> jax.Array:
         """``[n, envs]`` keys: ``fold_in(fold_in(key, member * envs + env), t)`` (global member ids)."""
@@ -290,21 +342,12 @@ def build_independent(ctx: BuildContext, options: HtsOptions, env_factory: Calla
         return jax.vmap(act_rows, in_axes=(0, 0, 0, 0, None))(row_keys(key, t), acting.learner, acting.hparams,
                                                               obs, warm)
 
-    def train(key: Key, state: HtsState):
-        if on_policy:
-            behaviour = state.behaviour if options.delayed_gradient == "eq6" else state.learner
-            return jax.vmap(learner.step.update)(members.keys(key), state.learner, state.pending, state.hparams,
-                                                 behaviour)
-        learner_state, _, metrics = replay_updates(learner, source, members, k, key, state.learner, state.buffer,
-                                                   state.hparams)  # a uniform source: nothing written back
-        return learner_state, metrics
-
     def update(key: Key, state: HtsState):
         """The update of the staged segment (on-policy) or ``K`` replay updates (off-policy); skipped when no
         segment awaits its update (the first segment) or during warm-up."""
         skip = ~state.has_pending | (state.counters.env_steps < warmup)
-        learner_state, metrics = train_unless(skip, train, key, state, kept=state.learner)
-        done = jnp.where(skip, 0, learner.step.updates if on_policy else k)
+        learner_state, metrics = train_unless(skip, segments.train, key, state, kept=state.learner)
+        done = jnp.where(skip, 0, segments.updates)
         return state.replace(learner=learner_state, has_pending=jnp.zeros((), bool),
                              counters=state.counters.advance(updates=done)), metrics
 
@@ -313,12 +356,7 @@ def build_independent(ctx: BuildContext, options: HtsOptions, env_factory: Calla
         per_member = {name: jnp.swapaxes(jnp.asarray(x), 0, 1) for name, x in arrays.items()}  # [n, alpha, envs]
         transitions = Transition(obs=per_member["obs"], action=per_member["action"], reward=per_member["reward"],
                                  next_obs=per_member["next_obs"], terminated=per_member["terminated"])
-        if on_policy:
-            state = state.replace(pending=Trajectory(transitions, per_member["ended"]), behaviour=behaviour.learner)
-        else:  # (t, env) order within each member, as a synchronous rollout adds them
-            flat = jax.tree.map(lambda x: x.reshape((n, alpha * envs) + x.shape[3:]),
-                                (transitions, per_member["ended"]))
-            state = state.replace(buffer=jax.vmap(source.add)(state.buffer, *flat))
+        state = segments.stage(state, transitions, per_member["ended"], behaviour)
         return state.replace(has_pending=jnp.ones((), bool), counters=state.counters.advance(env_steps=alpha * envs))
 
     if env_factory is None:
