@@ -63,7 +63,7 @@ class Compiler:
 
     ``traces`` counts how often each program was traced (a retrace would be a bug: hparams and
     counters are traced values). ``call_wrapper``, a ``staticmethod((name, compiled) -> callable)``
-    set on the class, wraps every compiled program handed out (``popjax.bench.train`` times them).
+    set on the class, wraps every compiled program handed out (``popjax_bench.train`` times them).
     """
 
     call_wrapper = None

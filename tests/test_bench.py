@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from popjax.bench import common, compile, drivers, envstep, per, report, roofline, shared_critic, train, update
-from popjax.bench import torch_reference as tr
 from popjax.learners import dqn, sac, td3
 from popjax.types import EnvSpec, Transition
+from popjax_bench import common, compile, drivers, envstep, per, report, roofline, shared_critic, train, update
+from popjax_bench import torch_reference as tr
 
 TINY = dict(hidden=(16, 16), repeats=10, min_time=0.0, seed=0)
 needs_torch = pytest.mark.skipif(not tr.available(), reason=tr.TORCH_ERROR or "")
@@ -457,7 +457,7 @@ def test_report_refuses_a_malformed_targets_file(tmp_path, capsys):
 def test_cli_parses_every_study():
     import argparse
 
-    from popjax import bench
+    import popjax_bench as bench
 
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
@@ -468,7 +468,7 @@ def test_cli_parses_every_study():
 def test_cli_options_come_from_the_study_dataclass(tmp_path):
     import argparse
 
-    from popjax import bench
+    import popjax_bench as bench
 
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
@@ -497,8 +497,9 @@ def test_options_a_study_does_not_have_are_rejected(study, flag, capsys):
 def test_every_option_of_a_study_has_a_flag_and_help(study, capsys):
     import dataclasses
 
-    from popjax import bench, cli
-    from popjax.bench.options import flag_of
+    import popjax_bench as bench
+    from popjax import cli
+    from popjax_bench.options import flag_of
 
     assert cli.main(["bench", study, "--help"]) == 0
     text = capsys.readouterr().out

@@ -35,10 +35,10 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.common import log
 from popjax.learners import LEARNERS
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "envstep"
 

@@ -47,9 +47,9 @@ from typing import Any, ClassVar
 
 import jax
 
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.common import log
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "train"
 SETUP_PROGRAMS = ("init", "reset")  # compiled, but run before the loop's wall clock starts

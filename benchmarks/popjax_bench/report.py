@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from popjax.bench import REPORT_HEADING
-from popjax.bench import options as opt
+from popjax_bench import REPORT_HEADING
+from popjax_bench import options as opt
 
 STUDY = "report"
 DEFAULT_TARGETS = Path("benchmarks/targets.yaml")
@@ -509,7 +509,7 @@ def section_shared_critic(p: dict[str, Any]) -> list[str]:
     lines = _head("## shared_critic — shared-critic TD3 update (CEM-RL / DvD; paper Fig. 4)", p, "shared_critic")
     lines += ["One population step = one shared-critic update + N actor updates; `vectorized` = the fast-PBT "
               "modification, `sequential` = the CEM-RL order compiled as one program, `sequential_loop` = the same "
-              "order as a Python loop of jitted calls (see `popjax/bench/shared_critic.py`). 'devices': the "
+              "order as a Python loop of jitted calls (see `benchmarks/popjax_bench/shared_critic.py`). 'devices': the "
               "vectorized step split over that many devices (actors split, critic replicated); the sequential "
               "orders always run on one device. ms: median (IQR) of the timed calls; 'ceiling': N×[B,h]@[h,h] "
               "GFLOP/s measured just before the point.", ""]

@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.common import log
-from popjax.bench.train import CallTimer, timing_hook
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.common import log
+from popjax_bench.train import CallTimer, timing_hook
 
 STUDY = "drivers"
 MIN_ITERATIONS = 10
