@@ -212,11 +212,17 @@ def test_envstep_study_fields(out):
 
 
 def test_train_study_fields(out):
-    from popjax.loop import Compiler
+    from popjax.config import make_config
+    from popjax.experiment import build
 
     train.run(envs=("probe:pendulum",), pops=(2,), env_steps=240, warmup=40, rollout_len=20, batch_size=16,
               hidden=(16, 16), out_dir=out)
-    assert Compiler.call_wrapper is None  # the timing hook is removed afterwards
+    # The timer was given to the study's runs only (train(..., instrument=...)): a loop built without
+    # `instrument` hands out the compiled programs themselves, unwrapped.
+    loop = build(make_config(learner="td3", env="probe:pendulum", pop_size=2, progress=False))
+    assert loop.compiler.instrument is None
+    program = loop.compiler("probe", lambda x: x + 1, jnp.zeros(()))
+    assert isinstance(program, jax.stages.Compiled)
     data = load(out / "train.json")
     (row,) = data["results"]
     assert "skipped" not in row, row

@@ -443,8 +443,8 @@ def section_envstep(p: dict[str, Any]) -> list[str]:
     lines = _head("## envstep — ms per environment interaction (paper Table 2)", p, "envstep")
     lines += [f"gym: gymnasium MuJoCo v5 on the host (`single`: one env and one member's jitted policy, one call "
               f"per step, as the paper's Table 2; `vector`: one training iteration's interaction, "
-              f"`Loop.collect` of `popjax train`, pop × {p['params']['envs_per_member']} env(s), one compiled "
-              f"population act per step). brax/probe: the same `Loop.collect`, one compiled scan of vmapped "
+              f"as `popjax train` runs it, pop × {p['params']['envs_per_member']} env(s), one compiled "
+              f"population act per step). brax/probe: the same interaction, one compiled scan of vmapped "
               f"steps (brax backend `{p['params'].get('brax_backend')}`). 'devices': the population split over "
               "that many devices. Median and IQR of the timed calls. Paper (Xeon 2.8 GHz, v2/v3 envs): "
               "HalfCheetah 0.94 ms (TD3) / 0.66 ms (SAC).", ""]
