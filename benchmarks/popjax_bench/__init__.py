@@ -1,5 +1,10 @@
 """``popjax bench <study>``: the fast-PBT paper's speed studies, on whatever devices JAX sees.
 
+A distribution of its own, popjax-bench (``benchmarks/pyproject.toml`` in the popjax repository,
+``pip install -e benchmarks``), not part of the popjax package: ``popjax bench`` imports this
+package when it is installed (``popjax.cli.bench_plugin``), and the studies use popjax's public
+pieces only (the ``train`` study times the loop through ``train(..., instrument=...)``).
+
 Each study writes ``<out>/<study>.json`` (raw timings, every parameter, the machine and
 device description, library versions, load averages) and ``<out>/<study>.png``;
 ``popjax bench report`` turns the JSON files into ``benchmarks/RESULTS.md``.
