@@ -7,11 +7,12 @@ export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
 .PHONY: install run test test-slow lint bench clean
 
-$(STAMP): pyproject.toml requirements.lock
+$(STAMP): pyproject.toml benchmarks/pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.lock
 	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q --no-deps -e benchmarks
 	$(BIN)/pip install -q "torch==2.13.0+cpu" || echo "PyTorch CPU wheel not available: the PyTorch benchmark baseline and its tests will be skipped"
 	touch $(STAMP)
 
@@ -38,7 +39,7 @@ lint: $(STAMP)
 # the study stops with a one-line error instead of recording meaningless numbers. Every point gets at
 # least 10 timed calls (K-step calls included), the PyTorch baseline is the faster of 1 and 2 threads,
 # and each study measures the machine's ceilings in the same run. PyTorch (the paper's Torch-sequential
-# baseline) comes from the `bench` extra (torch==2.13.0); it is installed as the local CPU wheel
+# baseline) comes from popjax-bench's `torch` extra (torch==2.13.0); it is installed as the local CPU wheel
 # `torch==2.13.0+cpu`, which satisfies that pin and can never pull the multi-GB CUDA build from the index.
 # Options: `popjax bench <study> --help`.
 BENCH := $(BIN)/popjax bench

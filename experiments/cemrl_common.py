@@ -8,7 +8,7 @@ Used by ``cemrl_pendulum.py`` (R3) and ``cemrl_halfcheetah.py``:
 The budget counts env steps summed over the population (CEM-RL's 10 actors share it; each TD3
 seed gets all of it). CEM-RL runs with both critic orders: the fast-PBT vectorized step (the
 ``cemrl`` driver) and the original sequential CEM-RL order, a driver this module registers
-(``cemrl_sequential``: popjax's CEM-RL with the reference order of ``popjax.bench.cemrl_order``;
+(``cemrl_sequential``: popjax's CEM-RL with the reference order of ``popjax_bench.cemrl_order``;
 ``updates_per_call`` = one generation's G = pop x episode
 length, so member by member: G/5 critic updates, then G actor updates, exactly as in CEM-RL).
 TD3 runs the same seeds as independent members of one population. Batch 256, popjax TD3
@@ -28,11 +28,11 @@ import numpy as np
 from sweep_common import plot_curves
 
 import popjax
-from popjax.bench.cemrl_order import make_sequential_order
 from popjax.drivers import DRIVERS, DriverDef, cemrl, register
 from popjax.envs.registry import env_spec
 from popjax.learners.shared_critic import make_shared_critic_td3
 from popjax.plots import save_figure
+from popjax_bench.cemrl_order import make_sequential_order
 
 HERE = Path(__file__).parent
 

@@ -31,9 +31,15 @@ _FLAGS = {
 
 class _Parser(argparse.ArgumentParser):
     describe = None  # optional (parser) -> None: fills in help texts when help is asked for
+    refusal = None  # optional one-line reason: any use of this command (--help too) prints it and exits 2
 
     def error(self, message):  # argparse's own usage errors: one line, exit 2
         self.exit(2, f"popjax: error: {' '.join(str(message).split())}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.refusal is not None:
+            self.exit(2, f"{self.prog}: error: {self.refusal}\n")
+        return super().parse_known_args(args, namespace)
 
     def format_help(self):
         if self.describe is not None:
@@ -106,14 +112,33 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", type=Path, default=None, help="file to write (default <run_dir>/policy-member<m>.npz;"
                                                                " never overwritten)")
 
-    # `popjax bench --help` lists the studies; `popjax bench <study> --help` its options. Building
-    # these parsers imports no JAX (popjax.bench keeps its option tables import-free).
-    from popjax import bench as bench_module
-
-    bench = sub.add_parser("bench", help="speed benchmarks (see benchmarks/RESULTS.md)",
+    # `popjax bench --help` lists the studies; `popjax bench <study> --help` its options. The studies are
+    # the separate popjax-bench distribution (benchmarks/ in the repository), found when it is installed.
+    # Building these parsers imports no JAX (popjax_bench keeps its option tables import-free).
+    bench = sub.add_parser("bench", help="speed benchmarks (popjax-bench; see benchmarks/RESULTS.md)",
                            description="Speed benchmarks; each study writes JSON and a plot.")
-    bench_module.add_arguments(bench)
+    bench_module = bench_plugin()
+    if bench_module is None:
+        bench.refusal = BENCH_MISSING
+    else:
+        bench_module.add_arguments(bench)
     return parser
+
+
+BENCH_MISSING = ("the benchmarks are a separate distribution, popjax-bench: pip install -e benchmarks "
+                 "(from the popjax repository)")
+
+
+def bench_plugin():
+    """The speed studies (the ``popjax_bench`` package of the popjax-bench distribution), or None when it is
+    not installed."""
+    try:
+        import popjax_bench
+    except ModuleNotFoundError as err:
+        if err.name != "popjax_bench":  # installed but broken: the real error
+            raise
+        return None
+    return popjax_bench
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -327,9 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path}: member {meta['member']} of {meta['learner']} on {meta['env']}, "
                   f"{meta['active_weights']:,} of {meta['dense_weights']:,} weights")
         elif args.command == "bench":
-            from popjax import bench as bench_module
-
-            return bench_module.main(args)
+            return bench_plugin().main(args)
     except ConfigError as err:
         print(f"popjax: error: {err}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,11 @@ def build_learner_config(config: RunConfig, definition):
     return make_learner_config(config)
 
 
-def build(config: RunConfig) -> Loop:
-    """Resolves every name into the driver, the env runner and the loop (no compilation)."""
+def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | None = None) -> Loop:
+    """Resolves every name into the driver, the env runner and the loop (no compilation).
+
+    ``instrument``: optional ``(name, compiled) -> callable`` wrapping every compiled program the loop
+    runs (``popjax.loop.Compiler``), for Python callers that observe the loop (the benchmarks time it)."""
     if config.overlap and registry.is_jax_env(config.env):
         raise ConfigError(f"overlap: only the gymnasium path steps envs on the host; on {config.env} acting and "
                           "learning are already one compiled call")
@@ -94,11 +98,11 @@ def build(config: RunConfig) -> Loop:
         first, count = placement.local_members(config.pop_size)
         runner = HostRunner(lambda n, seed, first_env: registry.make_host_env(config.env, n, seed, first_env), count,
                             config.envs_per_member, config.seed, first)
-    return Loop(config, driver, local, runner, placement)
+    return Loop(config, driver, local, runner, placement, instrument=instrument)
 
 
 def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest", overwrite: bool = False,
-          **options: Any) -> Run:
+          instrument: Callable[[str, Any], Callable] | None = None, **options: Any) -> Run:
     """Trains a population and writes its run directory.
 
     Args:
@@ -107,6 +111,8 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
       out_dir: the run directory (config.yaml, metrics.csv, summary.json, plots/): a new or
         empty directory, or with ``overwrite`` a run directory popjax created.
       overwrite: replace the run in ``out_dir`` (only popjax's own files are removed).
+      instrument: optional ``(name, compiled) -> callable`` wrapping every compiled program of the run
+        (``popjax.loop.Compiler``), to observe the loop from Python (e.g. time each call); not a run option.
       options: RunConfig fields, and ``preset`` (``"auto"``: fill the options not given from the
         tuned table of ``popjax.presets`` for known (learner, env) pairs; ``"none"``: bare defaults).
         A RunConfig passed as ``config`` is used as it is.
@@ -124,7 +130,7 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
         config = make_config(**{**config.to_dict(), **options})  # a RunConfig built directly is validated too
     out_dir = Path(out_dir)
     check_new_run(out_dir, overwrite)
-    loop = build(config)
+    loop = build(config, instrument=instrument)
     distributed.barrier("popjax-checked")  # every process has checked out_dir before process 0 writes
     run_dir = RunDir(out_dir, tensorboard=config.tensorboard, writes=distributed.is_writer())
     with _writer_lock(out_dir):

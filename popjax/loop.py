@@ -22,6 +22,7 @@ import math
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
@@ -62,13 +63,13 @@ class Compiler:
     """Ahead-of-time compile cache: one program per name, compiled once, compile time booked apart.
 
     ``traces`` counts how often each program was traced (a retrace would be a bug: hparams and
-    counters are traced values). ``call_wrapper``, a ``staticmethod((name, compiled) -> callable)``
-    set on the class, wraps every compiled program handed out (``popjax.bench.train`` times them).
+    counters are traced values). ``instrument``, an optional ``(name, compiled) -> callable``, wraps
+    every compiled program handed out (to observe the loop, e.g. time each call); without it the
+    compiled programs are handed out as they are.
     """
 
-    call_wrapper = None
-
-    def __init__(self):
+    def __init__(self, instrument: Callable[[str, Any], Callable] | None = None):
+        self.instrument = instrument
         self.compile_s = 0.0
         self.traces: Counter[str] = Counter()
         self._programs: dict[str, Any] = {}
@@ -85,7 +86,7 @@ class Compiler:
             self._programs[name] = jitted.lower(*args).compile()
             self.compile_s += time.perf_counter() - start
         program = self._programs[name]
-        return program if self.call_wrapper is None else self.call_wrapper(name, program)
+        return program if self.instrument is None else self.instrument(name, program)
 
 
 class Loop:
@@ -99,17 +100,19 @@ class Loop:
       runner: ``JaxRunner`` or ``HostRunner`` for the programs' members.
       placement: where the arrays live and how programs are split over devices.
       run_dir: where metrics rows go (set before ``run``).
+      instrument: optional ``(name, compiled) -> callable`` wrapping every compiled program the loop
+        runs (``Compiler``); for callers that observe the loop, e.g. timing it.
     """
 
     def __init__(self, config: RunConfig, driver: Driver, local: Driver, runner, placement: Placement,
-                 run_dir: RunDir | None = None):
+                 run_dir: RunDir | None = None, instrument: Callable[[str, Any], Callable] | None = None):
         self.config = config
         self.driver = driver
         self.local = local
         self.runner = runner
         self.placement = placement
         self.run_dir = run_dir
-        self.compiler = Compiler()
+        self.compiler = Compiler(instrument)
         self.iteration = 0
         self.wall_s = 0.0
         self.history: list[np.ndarray] = []  # eval returns per evaluation
@@ -243,17 +246,6 @@ class Loop:
         cannot donate, on a device whose queue the update does not block."""
         view = self.driver.acting_view(state) if self.driver.acting_view is not None else state
         return jax.device_put(view, self.acting_device, may_alias=False)
-
-    def collect(self, state, env_state, iteration: int | None = None):
-        """The iteration's interaction alone (what ``bench envstep`` times): ``(env_state, experience)``.
-
-        Compiled on the JAX path (nothing donated); on the host path the envs step on the host.
-        """
-        key = self.key(KeyPurpose.COLLECT, iteration)
-        if not self.runner.jax_path:
-            return self._host_interact(key, self._host_act(), state)
-        program = self.placement.program(self._interact, (False, self.axes, True), (True, True))
-        return self.compiler("collect", program, key, state, env_state)(key, state, env_state)
 
     def _host_act(self):
         """The compiled acting program of the host path (compiled at its first call, when obs are known).

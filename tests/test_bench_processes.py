@@ -16,14 +16,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from popjax.bench import report, update
+from popjax_bench import report, update
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_S = 300  # any run still going by then is a hang: the test fails
 
 
 def _env() -> dict[str, str]:
-    path = os.pathsep.join([str(ROOT), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])])
+    path = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"),  # this checkout's popjax and popjax_bench
+                            *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])])
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path)
     env.pop("XLA_FLAGS", None)
     return env
@@ -34,7 +35,7 @@ def workers(parent: psutil.Process) -> list[psutil.Process]:
     found = []
     for child in parent.children(recursive=True):
         try:
-            if "popjax.bench.update_worker" in " ".join(child.cmdline()):
+            if "popjax_bench.update_worker" in " ".join(child.cmdline()):
                 found.append(child)
         except psutil.Error:  # gone meanwhile
             pass
@@ -134,7 +135,7 @@ def test_no_worker_outlives_its_time_limit(tmp_path):
 
 def test_workers_stop_when_the_study_is_killed(tmp_path):
     """A study killed outright (no clean-up of its own) leaves no worker behind: they watch their parent."""
-    code = ("import sys; from pathlib import Path; from popjax.bench import update; "
+    code = ("import sys; from pathlib import Path; from popjax_bench import update; "
             "o = update.Options(learners=('td3',), pops=(4,), impls=('vmap',), hidden=(8,), batch_size=4, "
             "processes=2); update.run_job(o, [4], 2, 1, False, Path(sys.argv[1]))")
     study = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=_env(), stdout=subprocess.DEVNULL,

@@ -10,13 +10,13 @@ import textwrap
 
 import pytest
 
-from popjax.bench import report, spo
+from popjax_bench import report, spo
 
 EQUAL = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np
-    from popjax.bench import spo
-    from popjax.bench.update import hlo_collectives
+    from popjax_bench import spo
+    from popjax_bench.update import hlo_collectives
     from popjax.learners import spo as learners
     from popjax.learners.base import chunk_update
     from popjax.types import EnvSpec

@@ -134,7 +134,27 @@ def test_importing_popjax_starts_no_jax_backend():
     # jax.distributed and the overlap's extra CPU device must be set up before JAX starts: no module may
     # create an array at import time (e.g. a default hyperparameter as a module constant).
     code = ("import popjax, popjax.cli, popjax.loop, popjax.experiment, popjax.drivers, popjax.learners, "
-            "popjax.bench, popjax.export\n"
+            "popjax_bench, popjax.export\n"
             "from jax._src import xla_bridge\n"
             "assert not xla_bridge.backends_are_initialized()")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bench_is_found_when_installed_and_its_parser_imports_no_study():
+    # `popjax bench` comes from the separate popjax-bench distribution (benchmarks/ in the repository);
+    # building the parser imports its option tables only, no study module (and so no JAX of its own).
+    code = ("import sys; from popjax import cli; cli.build_parser(); "
+            "assert sorted(m for m in sys.modules if m.startswith('popjax_bench')) == ['popjax_bench'], "
+            "sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("argv", [["bench"], ["bench", "--help"], ["bench", "update", "--pop", "1,2"]])
+def test_bench_without_the_benchmarks_distribution_is_one_line(argv, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "popjax_bench", None)  # not installed: `import popjax_bench` fails
+    assert cli.bench_plugin() is None
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"popjax bench: error: {cli.BENCH_MISSING}\n"
+    assert "pip install -e benchmarks" in captured.err
+    assert cli.main(["plot", "--help"]) == 0  # the other commands are unaffected

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import popjax
-from popjax.bench import hts_model
 from popjax.config import ConfigError, make_config
 from popjax.drivers import DRIVERS, hts
 from popjax.drivers.base import BuildContext, InteractionFailed
@@ -26,6 +25,7 @@ from popjax.loop import KeyPurpose, Loop, key_for
 from popjax.population.hparams import population_hparams
 from popjax.population.members import Members
 from popjax.population.sharding import Placement
+from popjax_bench import hts_model
 
 ALPHA, POP, ENVS = 8, 2, 4  # 8 envs: 8 executors with one env each
 LR = 0.05
@@ -344,8 +344,8 @@ def test_cli_reports_failure(tmp_path, capsys):
 
 # --- popjax bench hts ---------------------------------------------------------------------------------
 def test_bench_hts_tiny(tmp_path):
-    from popjax.bench import hts as bench_hts
-    from popjax.bench import report
+    from popjax_bench import hts as bench_hts
+    from popjax_bench import report
 
     payload = bench_hts.run(step_times=("constant", "exponential"), alpha=(2, 4), actors=(1,), executors=4,
                             mean_ms=0.5, repeats=10, steps_per_point=8, real_update=False, allow_busy=True,

@@ -380,7 +380,7 @@ def test_export_writes_the_compact_actor_that_acts_like_the_trained_one(tmp_path
 
 
 def test_sparse_inference_bench_checks_outputs_and_writes_its_fields(tmp_path):
-    from popjax.bench import sparse_inference
+    from popjax_bench import sparse_inference
 
     payload = sparse_inference.run(out_dir=tmp_path, sparsity_percent=(90,), batch=(1, 8), hidden=(32, 32),
                                    repeats=10, min_time=0.0, allow_busy=True, plot=False)

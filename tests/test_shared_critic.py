@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from popjax.bench.cemrl_order import make_sequential_order
 from popjax.learners import td3
 from popjax.learners.base import adam_step, one_update
 from popjax.learners.shared_critic import from_member_states, make_shared_critic_td3
@@ -15,6 +14,7 @@ from popjax.networks.mlp import DeterministicActor, TwinCritic
 from popjax.population import tree
 from popjax.population.hparams import population_hparams
 from popjax.types import EnvSpec, Transition
+from popjax_bench.cemrl_order import make_sequential_order
 
 SPEC = EnvSpec("test", (3,), action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
 CONFIG = td3.TD3Config(hidden=(16, 16), batch_size=8)

@@ -356,7 +356,7 @@ def test_train_help_shows_meaning_default_and_allowed_values_of_every_option(cap
 def test_bench_help_lists_the_studies(capsys):
     assert cli.main(["bench", "--help"]) == 0
     text = capsys.readouterr().out
-    from popjax.bench import STUDIES
+    from popjax_bench import STUDIES
 
     assert all(study in text for study in STUDIES)
     assert cli.main(["bench", "update", "--help"]) == 0 and "--impl" in capsys.readouterr().out
@@ -387,7 +387,7 @@ def test_bench_help_lists_the_studies(capsys):
      "--output: {tmp}/notes.md exists and is not a popjax benchmark result"),
 ])
 def test_bench_checks_its_options_before_timing_anything(argv, message, tmp_path, capsys, monkeypatch):
-    from popjax import bench
+    import popjax_bench as bench
 
     real = bench._module  # the implementation names come from the study modules; no study may run
     monkeypatch.setattr(bench, "_module", lambda study: SimpleNamespace(

@@ -30,7 +30,7 @@ Options (``RunConfig.cemrl``): ``n_trained``, ``n_elites``, ``init_var``, ``cov_
 ``cov_noise_final``, ``cov_noise_decay``, ``mirrored``, ``weighting``, ``var_div_elites`` (see
 ``popjax.drivers.cem``) and ``updates_per_call``. TD3 hparams are the learner's, with
 ``policy_delay = 1`` (CEM-RL) unless set in ``hparams``. The original sequential CEM-RL order
-is a benchmark reference (``popjax.bench.cemrl_order``), not a training option.
+is a benchmark reference (``popjax_bench.cemrl_order``), not a training option.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ class CEMRLHost(DriverHost):
 def build(ctx: BuildContext, options: CEMRLOptions | CEMRLSettings, train: Callable | None = None) -> Driver:
     """The CEM-RL driver; ``train(keys [K, n], state, batches [K, n, B], hparams) -> (state, metrics)``
     replaces the vectorized shared-critic step (e.g. by the sequential CEM-RL order of
-    ``popjax.bench.cemrl_order``, as ``experiments/cemrl_common.py`` does)."""
+    ``popjax_bench.cemrl_order``, as ``experiments/cemrl_common.py`` does)."""
     cfg, spec = ctx.config, ctx.spec
     settings = options.settings(cfg.pop_size) if isinstance(options, CEMRLOptions) else options
     check_shared_critic(cfg, "cemrl", lambda message, at, absolute: ConfigError(f"learner: {message}"))

@@ -24,7 +24,7 @@ critic moves on the policy steps of the smallest ``policy_delay`` (all equal in 
 DvD, where this choice is moot).
 
 The sequential CEM-RL order (one member after the other), the reference this step is
-measured against, lives with the benchmarks (``popjax.bench.cemrl_order``): it is not a
+measured against, lives with the benchmarks (``popjax_bench.cemrl_order``): it is not a
 training path.
 
 DvD (``diversity`` given): the embedding of actor ``i`` is its actions on all ``pop * B``

@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.common import log
 from popjax.buffers import prioritized as per
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "per"
 OPS = ("sample", "update")

@@ -8,7 +8,7 @@ process one after another (so ratios share the machine load):
   all N sub-batches (loss averaged over the population) and the N actor updates vmapped;
 - ``sequential``: the original CEM-RL order (one actor after the other; member ``i`` makes
   its share of the critic updates on its own sub-batch, then its actor updates), compiled
-  as one program (``jit`` of ``popjax.bench.cemrl_order.make_sequential_order(...).update``);
+  as one program (``jit`` of ``popjax_bench.cemrl_order.make_sequential_order(...).update``);
   same number of critic and actor updates;
 - ``sequential_loop``: the same order as a Python loop of jitted single-member calls (one
   critic or actor update per call, ``critic_step`` / ``actor_step`` of the same module), the
@@ -49,13 +49,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.cemrl_order import make_sequential_order
 from popjax.learners import td3
 from popjax.learners.shared_critic import make_shared_critic_td3
 from popjax.population.hparams import population_hparams
 from popjax.types import EnvSpec, Transition
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.cemrl_order import make_sequential_order
 
 STUDY = "shared_critic"
 IMPLS = ("vectorized", "sequential", "sequential_loop")

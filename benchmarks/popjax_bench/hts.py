@@ -10,7 +10,7 @@ and puts a barrier after every step (A2C-style). A point's time is the median se
 one warm-up segment, at least ``--repeats`` segments); env steps/s = executors x alpha / that time.
 
 The prediction beside each point (Liu et al. 2020, Claim 1 plus the learner time, see
-``popjax.bench.hts_model``): lock-step ``alpha E[max_n X] + L``, HTS ``max(E[max_n Gamma(alpha)], L)``.
+``popjax_bench.hts_model``): lock-step ``alpha E[max_n X] + L``, HTS ``max(E[max_n Gamma(alpha)], L)``.
 ``--real-update``: also one row per mode with the real HTS driver and a jitted A2C update on the toy env
 (exponential steps, the first alpha), timed per loop iteration.
 
@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from popjax.bench import common, hts_model
-from popjax.bench import options as opt
-from popjax.bench.common import log
+from popjax_bench import common, hts_model
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "hts"
 MODES = ("lockstep", "hts")

@@ -1,9 +1,9 @@
-"""One process of a ``popjax bench update --processes P`` job (started by ``popjax.bench.update.run_job``).
+"""One process of a ``popjax bench update --processes P`` job (started by ``popjax_bench.update.run_job``).
 
-    python -m popjax.bench.update_worker SPEC.json PROCESS_ID
+    python -m popjax_bench.update_worker SPEC.json PROCESS_ID
 
 Forces the spec's CPU devices, joins the job (``popjax.distributed``, coordinator on 127.0.0.1) when
-it has several processes, then times the spec's points (``popjax.bench.update.job_main``). It stops
+it has several processes, then times the spec's points (``popjax_bench.update.job_main``). It stops
 by itself when the process that started it is gone (killed, interrupted), so that no worker outlives
 the study.
 """
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if spec["processes"] > 1:
         distributed.initialize(distributed.JobPlace(spec["coordinator"], spec["processes"], int(process_id),
                                                     spec["timeout_s"]))
-    from popjax.bench import update
+    from popjax_bench import update
 
     update.job_main(spec)
     print(f"process {jax.process_index()} of {jax.process_count()} done", file=sys.stderr, flush=True)

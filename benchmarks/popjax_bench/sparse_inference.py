@@ -24,11 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import sparse as jsparse
 
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.common import log
 from popjax.networks import compact, sparse
 from popjax.networks.mlp import DeterministicActor
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "sparse_inference"
 IMPLS = ("dense", "compact", "bcoo")

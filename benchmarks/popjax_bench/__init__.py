@@ -1,5 +1,10 @@
 """``popjax bench <study>``: the fast-PBT paper's speed studies, on whatever devices JAX sees.
 
+A distribution of its own, popjax-bench (``benchmarks/pyproject.toml`` in the popjax repository,
+``pip install -e benchmarks``), not part of the popjax package: ``popjax bench`` imports this
+package when it is installed (``popjax.cli.bench_plugin``), and the studies use popjax's public
+pieces only (the ``train`` study times the loop through ``train(..., instrument=...)``).
+
 Each study writes ``<out>/<study>.json`` (raw timings, every parameter, the machine and
 device description, library versions, load averages) and ``<out>/<study>.png``;
 ``popjax bench report`` turns the JSON files into ``benchmarks/RESULTS.md``.
@@ -14,16 +19,16 @@ Studies:
 - ``envstep``: ms per env interaction, gym MuJoCo (host) and brax (jitted, vmapped) (Table 2);
 - ``train``: end-to-end env steps/s of ``popjax.experiment.train`` and the share of wall time
   spent in the compiled update;
-- ``shared_critic``: shared-critic TD3 (CEM-RL/DvD) update vs N (``popjax.bench.shared_critic``);
+- ``shared_critic``: shared-critic TD3 (CEM-RL/DvD) update vs N (``popjax_bench.shared_critic``);
 - ``drivers``: time per training iteration of every driver, on 1 and more devices, both
-  ``--parallel`` paths (``popjax.bench.drivers``);
+  ``--parallel`` paths (``popjax_bench.drivers``);
 - ``per``: samples/s and updates/s of the prioritized-replay sum tree vs K, N and B, a vmapped population
-  of trees, and a NumPy searchsorted/cumsum oracle (``popjax.bench.per``);
+  of trees, and a NumPy searchsorted/cumsum oracle (``popjax_bench.per``);
 - ``spo``: SPO-TD3 time per local update vs replicas R (replica r on device r) and local steps H, the
   data-parallel baseline and the single learner, with the terms and prediction of the thesis's scaling
-  model (Zhang 2022, Eq. 5.6) beside the measured scaling factor (``popjax.bench.spo``);
+  model (Zhang 2022, Eq. 5.6) beside the measured scaling factor (``popjax_bench.spo``);
 - ``hts``: env steps/s of the HTS-RL driver's threads vs the lock-step baseline under constant, exponential
-  and gamma step times, beside the runtime model (``popjax.bench.hts``);
+  and gamma step times, beside the runtime model (``popjax_bench.hts``);
 - ``report``: regenerate ``benchmarks/RESULTS.md`` from the JSON results.
 
 ``--devices 1,2`` splits the population over 1 and then 2 devices (on a CPU, host devices
@@ -33,14 +38,14 @@ baselines of ``update`` and ``shared_critic`` run on one device). Asking for mor
 JAX can provide is a one-line error (exit status 2).
 
 Options: each study module declares its options once, as the frozen dataclass
-``popjax.bench.<study>.Options`` (``popjax.bench.options``); the parser, the checks and the
+``popjax_bench.<study>.Options`` (``popjax_bench.options``); the parser, the checks and the
 ``run(options)`` call come from it, and an option a study does not declare is rejected.
 
 Load discipline: a study refuses to start when the 1-minute load average exceeds half the
 cores (one line, exit status 2) unless ``--allow-busy``, which stamps its JSON ``"busy": true``
 (``popjax bench report`` shows such results but gives them no verdict); ``--wait-quiet
 SECONDS`` waits for the load to fall first. Every study measures the machine's ceilings in the
-same process (``popjax.bench.common.Sitting``). The targets the report judges live in
+same process (``popjax_bench.common.Sitting``). The targets the report judges live in
 ``benchmarks/targets.yaml``.
 """
 
@@ -62,7 +67,7 @@ _HELP = {
     "compile": "compile time of the K-step population update vs N",
     "envstep": "ms per env interaction, gym MuJoCo and brax",
     "train": "end-to-end env steps/s of popjax.experiment.train and the share of time in the compiled update",
-    "shared_critic": "shared-critic TD3 update vs N (popjax.bench.shared_critic)",
+    "shared_critic": "shared-critic TD3 update vs N (popjax_bench.shared_critic)",
     "drivers": "time per training iteration of every driver on 1 and more devices (sharding and pmap)",
     "per": "prioritized-replay sum tree: sample and update throughput vs K, N, B, a vmapped population, NumPy",
     "spo": "SPO-TD3 time per local update vs replicas R (one per device) and local steps H, beside the thesis's "
@@ -74,12 +79,12 @@ _HELP = {
 
 
 def _module(study: str):
-    return importlib.import_module(f"popjax.bench.{study}")
+    return importlib.import_module(f"popjax_bench.{study}")
 
 
 def options_class(study: str):
-    """The study's options dataclass (``popjax.bench.<study>.Options``; imports the study module)."""
-    return importlib.import_module(f"popjax.bench.{study}").Options
+    """The study's options dataclass (``popjax_bench.<study>.Options``; imports the study module)."""
+    return importlib.import_module(f"popjax_bench.{study}").Options
 
 
 def _study_parser_class(base: type[argparse.ArgumentParser]) -> type[argparse.ArgumentParser]:
@@ -92,7 +97,7 @@ def _study_parser_class(base: type[argparse.ArgumentParser]) -> type[argparse.Ar
 
         def _complete(self) -> None:
             if self.study and not self._completed:
-                from popjax.bench.options import add_to_parser
+                from popjax_bench.options import add_to_parser
 
                 self._completed = True
                 add_to_parser(self, options_class(self.study))
@@ -180,7 +185,7 @@ def check_args(args: argparse.Namespace):
     the output path (an existing file, an unwritable directory) and the device count (forcing host
     devices when needed, which must happen before JAX starts).
     """
-    from popjax.bench.options import from_namespace
+    from popjax_bench.options import from_namespace
 
     study = args.study
     options = from_namespace(options_class(study), args)
@@ -189,7 +194,7 @@ def check_args(args: argparse.Namespace):
             raise ValueError(f"--results: {options.results} is not a directory of <study>.json files")
         _writable("--output", Path(options.output))
         return options
-    from popjax.bench import common
+    from popjax_bench import common
 
     json_path, png_path = common.output_paths(options.out_dir, study)
     _writable("--out", json_path)

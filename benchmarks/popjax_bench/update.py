@@ -20,7 +20,7 @@ devices with a NamedSharding); the sequential baselines run on one device.
 ``--processes P`` (``run_processes``): the same ``vmap``/``vmap_scan`` points with the population
 split over the CPU devices of P local processes joined with ``jax.distributed`` (coordinator and
 gloo collectives over 127.0.0.1), each process forcing ``--devices d`` devices, against 1 process
-forcing P×d devices; both are jobs of subprocesses (``popjax.bench.update_worker``), bounded in
+forcing P×d devices; both are jobs of subprocesses (``popjax_bench.update_worker``), bounded in
 time and killed with the study. Rows carry ``processes``, ``devices`` (P×d) and
 ``devices_per_process``; the P-process rows ``vs_one_process`` (time ÷ the 1-process time) and
 ``communication_share`` (``(t_P - t_1) / t_P`` when positive); every row the collective ops of its
@@ -49,13 +49,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from popjax import distributed
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.common import log
 from popjax.learners import LEARNERS
 from popjax.learners.base import chunk_update, one_update
 from popjax.population.tree import broadcast, member
 from popjax.types import EnvSpec, Transition
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "update"
 IMPLS = ("vmap", "vmap_scan", "jax_seq", "torch_seq")
@@ -371,7 +371,7 @@ def prepare_torch_seq(p: Problem, pop: int, opts, threads: int | None = None) ->
     ``threads``: ``torch.set_num_threads`` (default: torch's own, the number of cores)."""
     import torch
 
-    from popjax.bench import torch_reference as tr
+    from popjax_bench import torch_reference as tr
 
     dev = tr.device()
     torch.manual_seed(opts.seed)
@@ -564,7 +564,7 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
 # --- the population over several processes (--processes) -------------------------------------------------
 JOB_DESCRIPTION = (
     "--processes P: for each --devices value d, the points run in two jobs of fresh subprocesses "
-    "(python -m popjax.bench.update_worker, JAX_PLATFORMS=cpu): first 1 process forcing P×d CPU devices (the "
+    "(python -m popjax_bench.update_worker, JAX_PLATFORMS=cpu): first 1 process forcing P×d CPU devices (the "
     "reference), then P local processes joined with jax.distributed (coordinator and gloo CPU collectives over "
     "127.0.0.1), each forcing d CPU devices; in both the population is one array split over all P×d devices "
     "(the same prepare_vmap as in one process). Every process makes the same number of timed calls, "
@@ -631,7 +631,7 @@ def _time_job_point(p: Problem, pop: int, devices: int, prepared: list[tuple[str
 
 
 def job_main(spec: dict[str, Any]) -> None:
-    """One process of a job started by ``run_job`` (``python -m popjax.bench.update_worker``), once JAX has its
+    """One process of a job started by ``run_job`` (``python -m popjax_bench.update_worker``), once JAX has its
     devices and the job is joined: times every point of ``spec`` (see ``JOB_DESCRIPTION``); process 0 writes
     the rows to ``spec["result"]`` after every N (partial results survive a failure)."""
     o = Options(**spec["options"])
@@ -669,13 +669,16 @@ def job_main(spec: dict[str, Any]) -> None:
 
 
 def _job_env() -> dict[str, str]:
-    """The workers' environment: CPU only, no forced device count (each forces its own), this popjax first."""
+    """The workers' environment: CPU only, no forced device count (each forces its own), this popjax_bench and
+    this popjax first."""
+    import popjax
+
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     flags = [f for f in env.pop("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
     if flags:
         env["XLA_FLAGS"] = " ".join(flags)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    roots = dict.fromkeys(str(Path(path).resolve().parents[1]) for path in (__file__, popjax.__file__))
+    env["PYTHONPATH"] = os.pathsep.join([*roots, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     return env
 
 
@@ -717,7 +720,7 @@ def run_job(o: Options, pops: list[int], processes: int, per_process: int, measu
     try:
         for i in range(processes):
             logs.append(open(work / f"process{i}.log", "w"))  # noqa: SIM115 - closed below
-            procs.append(subprocess.Popen([sys.executable, "-m", "popjax.bench.update_worker", str(spec_path), str(i)],
+            procs.append(subprocess.Popen([sys.executable, "-m", "popjax_bench.update_worker", str(spec_path), str(i)],
                                           stdin=subprocess.DEVNULL, stdout=logs[-1], stderr=subprocess.STDOUT,
                                           env=env))
         deadline = time.monotonic() + timeout_s
@@ -868,7 +871,7 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     common.request_devices(o.devices_needed())
     notes: list[str] = []
     if "torch_seq" in impls:
-        from popjax.bench import torch_reference as tr
+        from popjax_bench import torch_reference as tr
 
         if not tr.available():
             notes.append(f"torch_seq skipped: {tr.TORCH_ERROR}")

@@ -374,7 +374,7 @@ def shards(tree: Any) -> int:
 
 def parse_int_list(text: str | Sequence[int]) -> list[int]:
     """``"1,2,4"`` (or ``1e3``-style integers) -> ``[1, 2, 4]``; ValueError unless all are positive integers."""
-    from popjax.bench.options import parse_int_list as parse
+    from popjax_bench.options import parse_int_list as parse
 
     if not isinstance(text, str):
         return [int(x) for x in text]

@@ -2,8 +2,8 @@
 
 For each env, device count and population size, a real ``popjax.experiment.train`` run
 (warm-up, collect, K updates per iteration, a final evaluation and checkpoint, run directory)
-with every compiled program wrapped by a timer (``popjax.loop.Compiler.call_wrapper``) that
-blocks on the program's outputs. Reported:
+with every compiled program wrapped by a timer (``train(..., instrument=CallTimer())``, which the
+loop's ``Compiler`` applies to each program it hands out) that blocks on the program's outputs. Reported:
 
 - ``env_steps_per_s``: all members' env steps / the loop's wall time (compile excluded,
   everything else included: warm-up, acting, final evaluation); ``env_steps_per_s_steady``:
@@ -34,7 +34,6 @@ updated policy anyway.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import math
@@ -47,9 +46,9 @@ from typing import Any, ClassVar
 
 import jax
 
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.common import log
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "train"
 SETUP_PROGRAMS = ("init", "reset")  # compiled, but run before the loop's wall clock starts
@@ -93,7 +92,8 @@ class Options(opt.StudyOptions):
 
 
 class CallTimer:
-    """``popjax.loop.Compiler.call_wrapper``: times every compiled call by name, blocking on its outputs.
+    """An ``instrument`` of ``popjax.experiment.train`` (``popjax.loop.Compiler``): times every compiled call by
+    name, blocking on its outputs.
 
     ``block=False`` (overlap runs) records when each call returns without waiting for its
     outputs: blocking on the update would undo the overlap being measured.
@@ -140,19 +140,6 @@ class CallTimer:
                 "fraction": inside / window, "s_per_iteration": window / (len(spans) - 1)}
 
 
-@contextlib.contextmanager
-def timing_hook(timer: CallTimer):
-    """Every program ``popjax.loop.Compiler`` hands out is wrapped by ``timer`` inside the block."""
-    from popjax.loop import Compiler
-
-    previous = Compiler.__dict__.get("call_wrapper")
-    Compiler.call_wrapper = staticmethod(timer)
-    try:
-        yield
-    finally:
-        Compiler.call_wrapper = previous
-
-
 def run_one(env: str, learner: str, pop: int, env_steps: int, warmup: int, rollout_len: int, batch_size: int,
             hidden, seed: int, work_dir: Path, devices: int = 1, overlap: bool = False) -> dict[str, Any]:
     from popjax.experiment import train
@@ -165,9 +152,8 @@ def run_one(env: str, learner: str, pop: int, env_steps: int, warmup: int, rollo
         options["learner_config"] = {"hidden": list(hidden)}
     timer = CallTimer(block=not overlap)
     start = time.perf_counter()
-    with timing_hook(timer):
-        name = f"{env.replace(':', '_')}-{learner}-{pop}-d{devices}" + ("-overlap" if overlap else "")
-        run = train(out_dir=work_dir / name, **options)
+    name = f"{env.replace(':', '_')}-{learner}-{pop}-d{devices}" + ("-overlap" if overlap else "")
+    run = train(out_dir=work_dir / name, instrument=timer, **options)
     total_s = time.perf_counter() - start
     s = run.summary
     wall = s["wall_s"]

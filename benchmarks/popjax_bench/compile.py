@@ -22,9 +22,9 @@ from typing import Any, ClassVar
 
 import jax
 
-from popjax.bench import common, update
-from popjax.bench import options as opt
-from popjax.bench.common import log
+from popjax_bench import common, update
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "compile"
 

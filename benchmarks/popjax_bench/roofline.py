@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from popjax.bench import common, update
-from popjax.bench import options as opt
-from popjax.bench.common import log
+from popjax_bench import common, update
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "roofline"
 

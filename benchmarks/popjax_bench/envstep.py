@@ -6,12 +6,13 @@ Host path (gymnasium MuJoCo v5, ``gym:<id>``):
   actor, hidden 256x256), one action per call: the paper's Table 2 setting ("Xeon, JAX-jitted
   policy"); ``env_only`` is the same loop with a fixed action (no policy call), to separate
   the policy's share;
-- ``vector``: what ``popjax train`` runs: the interaction of one training iteration,
-  ``popjax.loop.Loop.collect`` (``HostRunner``: ``pop * envs_per_member`` gymnasium envs and
-  one compiled population ``act`` per step, transitions stacked into the population layout).
+- ``vector``: what ``popjax train`` runs: the interaction of one training iteration (``collect``
+  below, put together from the loop's runner, placement, driver and compiler as ``Loop.step``
+  runs it; ``HostRunner``: ``pop * envs_per_member`` gymnasium envs and one compiled population
+  ``act`` per step, transitions stacked into the population layout).
 
 JAX path (brax, ``brax:<name>``, popjax's default backend; ``probe:<name>``): the same
-``Loop.collect``, here one compiled call (``JaxRunner``: a ``lax.scan`` of ``steps`` vmapped
+interaction, here one compiled call (``JaxRunner``: a ``lax.scan`` of ``steps`` vmapped
 env steps with the population policy). Adding the transitions to the replay buffers belongs
 to the ``learn`` stage and is not timed.
 
@@ -35,10 +36,10 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.common import log
 from popjax.learners import LEARNERS
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "envstep"
 
@@ -87,14 +88,59 @@ def _loop(env: str, learner_name: str, hidden, pop: int, envs_per_member: int, s
     return build(config)
 
 
+def collect(loop):
+    """One training iteration's env interaction of ``loop`` (a ``Rollout`` driver such as ``independent``)
+    alone, as ``Loop.step`` runs it: ``(state, env_state, iteration) -> (env_state, experience)``.
+
+    Built from the loop's public parts: the driver's ``act`` with the key of step ``t``, the runner's
+    ``rollout``, the placement's ``program`` and the loop's compiler (where compile time is booked).
+    JAX path: one compiled program (nothing donated); host path: the runner steps the envs on the host,
+    one compiled population ``act`` per step (compiled at its first call, when the observations are known).
+    """
+    from popjax.drivers.base import Rollout
+    from popjax.loop import KeyPurpose
+
+    interaction = loop.local.interaction
+    if not isinstance(interaction, Rollout):
+        raise ValueError(f"envstep: the {loop.config.driver} driver's interaction is not a rollout")
+    steps, placement, compiler, axes = interaction.steps, loop.placement, loop.compiler, loop.axes
+
+    def act(key, t, state, obs):  # the key of step t, derived inside the compiled call
+        return loop.local.act(jax.random.fold_in(key, t), state, obs)
+
+    def rollout(key, state, env_state):
+        return loop.runner.rollout(key, act, state, env_state, steps)
+
+    if loop.runner.jax_path:
+        program = placement.program(rollout, (False, axes, True), (True, True))
+
+        def call(state, env_state, iteration):
+            key = loop.key(KeyPurpose.COLLECT, iteration)
+            return compiler("collect", program, key, state, env_state)(key, state, env_state)
+
+        return call
+    act_program = placement.program(act, (False, False, axes, True), True)
+
+    def host_act(key, t, actor, obs):
+        obs = placement.from_local(obs)
+        return placement.to_local(compiler("act", act_program, key, t, actor, obs)(key, t, actor, obs),
+                                  loop.local_rows)
+
+    def call(state, env_state, iteration):
+        return loop.runner.rollout(loop.key(KeyPurpose.COLLECT, iteration), host_act, state, None, steps)
+
+    return call
+
+
 def _time_collect(loop, pop: int, envs_per_member: int, steps: int, opts) -> dict[str, Any]:
-    """Times ``loop.collect`` (the env state of each call feeds the next); compilation booked apart."""
+    """Times ``collect(loop)`` (the env state of each call feeds the next); compilation booked apart."""
     state, env_state = loop.initial_state()
     holder = {"env_state": env_state, "iteration": 0}
+    interact = collect(loop)
 
     def call():
         holder["iteration"] += 1
-        holder["env_state"], experience = loop.collect(state, holder["env_state"], holder["iteration"])
+        holder["env_state"], experience = interact(state, holder["env_state"], holder["iteration"])
         return holder["env_state"], experience
 
     compile_before = loop.compiler.compile_s
@@ -166,7 +212,7 @@ def gym_single(env_id: str, learner_name: str, hidden, steps: int, opts) -> dict
 def gym_vector(
     env_id: str, learner_name: str, hidden, pop: int, envs_per_member: int, steps: int, opts, devices: int = 1
 ) -> dict[str, Any]:
-    """``Loop.collect`` on the host path: pop*envs gymnasium envs, one compiled population ``act`` per step."""
+    """``collect`` on the host path: pop*envs gymnasium envs, one compiled population ``act`` per step."""
     loop = _loop(f"gym:{env_id}", learner_name, hidden, pop, envs_per_member, steps, devices, opts.seed)
     try:
         return _time_collect(loop, pop, envs_per_member, steps, opts)
@@ -177,7 +223,7 @@ def gym_vector(
 def brax_vector(
     env_name: str, learner_name: str, hidden, pop: int, envs_per_member: int, steps: int, opts, devices: int = 1
 ) -> dict[str, Any]:
-    """``Loop.collect`` on the JAX path: one compiled scan of ``steps`` vmapped env steps with the population policy."""
+    """``collect`` on the JAX path: one compiled scan of ``steps`` vmapped env steps with the population policy."""
     env = env_name if ":" in env_name else f"brax:{env_name}"
     loop = _loop(env, learner_name, hidden, pop, envs_per_member, steps, devices, opts.seed)
     return _time_collect(loop, pop, envs_per_member, steps, opts)
@@ -244,7 +290,7 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
         "repeats": o.repeats,
         "min_time_s": o.min_time,
         "seed": o.seed,
-        "timed": "popjax.loop.Loop.collect: one iteration's env interaction (no replay-buffer add)",
+        "timed": "envstep.collect: one iteration's env interaction as popjax train runs it (no replay-buffer add)",
     }
     try:
         from popjax.envs.brax import DEFAULT_BACKEND

@@ -1,4 +1,4 @@
-"""The options of a benchmark study: one frozen dataclass per study (``popjax.bench.<study>.Options``).
+"""The options of a benchmark study: one frozen dataclass per study (``popjax_bench.<study>.Options``).
 
 Every option is declared once, as a field of that dataclass with its default, help text,
 command-line flag and kind (``integer``, ``number``, ``ints``, ``names``, ``text``,
@@ -119,7 +119,7 @@ class BaseOptions:
 @dataclasses.dataclass(frozen=True)
 class SittingOptions(BaseOptions):
     """Options every timed study has: seed, output, plot, and the load discipline
-    (``popjax.bench.common.Sitting``)."""
+    (``popjax_bench.common.Sitting``)."""
 
     seed: int = integer(0, "PRNG seed", ge=0)
     out_dir: str = text("benchmarks/results", "output directory (or a .json file path) for <study>.json and "

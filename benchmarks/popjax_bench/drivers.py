@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.common import log
-from popjax.bench.train import CallTimer, timing_hook
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.common import log
+from popjax_bench.train import CallTimer
 
 STUDY = "drivers"
 MIN_ITERATIONS = 10
@@ -76,8 +76,7 @@ def run_one(driver: str, devices: int, parallel: str, pop: int, env: str, env_st
                    devices=devices, parallel=parallel, learner_config={"hidden": list(hidden)},
                    **DRIVER_OPTIONS.get(driver, {}))
     timer = CallTimer()
-    with timing_hook(timer):
-        run = train(out_dir=work_dir / f"{driver}-{parallel}-{devices}", **options)
+    run = train(out_dir=work_dir / f"{driver}-{parallel}-{devices}", instrument=timer, **options)
     # The first quarter of the iterations is left out: warm-up iterations collect only (a rollout
     # driver's first warmup / rollout_len, CEM-RL's first generation), whatever the driver.
     calls = timer.times.get("iteration", [])

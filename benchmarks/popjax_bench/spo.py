@@ -58,12 +58,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from popjax.bench import common
-from popjax.bench import options as opt
-from popjax.bench.common import log
 from popjax.learners import spo as spo_learner
 from popjax.learners.base import chunk_update
 from popjax.types import EnvSpec, PyTree, Transition
+from popjax_bench import common
+from popjax_bench import options as opt
+from popjax_bench.common import log
 
 STUDY = "spo"
 KINDS = ("single", "spo", "dp", "sub")
@@ -164,7 +164,7 @@ def synthetic_batches(spec: EnvSpec, h: int, batch: int, seed: int) -> Transitio
 
 def prepare_round(o: Options, kind: str, replicas: int, h: int) -> dict[str, Any]:
     """One compiled round, warmed up and ready to time (its state donated and fed back)."""
-    from popjax.bench.update import hlo_collectives
+    from popjax_bench.update import hlo_collectives
 
     config = learner_config(o, kind, replicas, h)
     spec, definition = env_spec(o), spo_learner.TD3_DEFINITION

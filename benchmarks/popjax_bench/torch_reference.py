@@ -37,12 +37,12 @@ try:
     from torch import nn
 
     TORCH_ERROR: str | None = None
-except ImportError as _err:  # optional dependency: the `bench` extra
+except ImportError as _err:  # optional dependency: popjax-bench's `torch` extra
     torch = None
     nn = None
     TORCH_ERROR = (
-        f"PyTorch is not installed ({_err}); install the bench extra "
-        "(pip install -e '.[bench]', i.e. torch==2.13.0) for the PyTorch baseline"
+        f"PyTorch is not installed ({_err}); install popjax-bench's torch extra "
+        "(pip install -e './benchmarks[torch]', i.e. torch==2.13.0) for the PyTorch baseline"
     )
 
 # torch's own default intra-op thread count (the number of cores), before anyone changes it.

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from popjax.bench import REPORT_HEADING
-from popjax.bench import options as opt
+from popjax_bench import REPORT_HEADING
+from popjax_bench import options as opt
 
 STUDY = "report"
 DEFAULT_TARGETS = Path("benchmarks/targets.yaml")
@@ -443,8 +443,8 @@ def section_envstep(p: dict[str, Any]) -> list[str]:
     lines = _head("## envstep — ms per environment interaction (paper Table 2)", p, "envstep")
     lines += [f"gym: gymnasium MuJoCo v5 on the host (`single`: one env and one member's jitted policy, one call "
               f"per step, as the paper's Table 2; `vector`: one training iteration's interaction, "
-              f"`Loop.collect` of `popjax train`, pop × {p['params']['envs_per_member']} env(s), one compiled "
-              f"population act per step). brax/probe: the same `Loop.collect`, one compiled scan of vmapped "
+              f"as `popjax train` runs it, pop × {p['params']['envs_per_member']} env(s), one compiled "
+              f"population act per step). brax/probe: the same interaction, one compiled scan of vmapped "
               f"steps (brax backend `{p['params'].get('brax_backend')}`). 'devices': the population split over "
               "that many devices. Median and IQR of the timed calls. Paper (Xeon 2.8 GHz, v2/v3 envs): "
               "HalfCheetah 0.94 ms (TD3) / 0.66 ms (SAC).", ""]
@@ -509,7 +509,7 @@ def section_shared_critic(p: dict[str, Any]) -> list[str]:
     lines = _head("## shared_critic — shared-critic TD3 update (CEM-RL / DvD; paper Fig. 4)", p, "shared_critic")
     lines += ["One population step = one shared-critic update + N actor updates; `vectorized` = the fast-PBT "
               "modification, `sequential` = the CEM-RL order compiled as one program, `sequential_loop` = the same "
-              "order as a Python loop of jitted calls (see `popjax/bench/shared_critic.py`). 'devices': the "
+              "order as a Python loop of jitted calls (see `benchmarks/popjax_bench/shared_critic.py`). 'devices': the "
               "vectorized step split over that many devices (actors split, critic replicated); the sequential "
               "orders always run on one device. ms: median (IQR) of the timed calls; 'ceiling': N×[B,h]@[h,h] "
               "GFLOP/s measured just before the point.", ""]
