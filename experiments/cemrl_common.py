@@ -30,7 +30,6 @@ from sweep_common import plot_curves
 import popjax
 from popjax.drivers import DRIVERS, DriverDef, cemrl, register
 from popjax.envs.registry import env_spec
-from popjax.learners.shared_critic import make_shared_critic_td3
 from popjax.plots import save_figure
 from popjax_bench.cemrl_order import make_sequential_order
 
@@ -43,7 +42,7 @@ def common(hidden: list[int]) -> dict:
 
 def build_sequential(ctx, options):
     """CEM-RL whose K-step training is the original order (member by member) instead of the vectorized step."""
-    shared = make_shared_critic_td3(ctx.learner_config, ctx.spec, options.n_trained)
+    shared = ctx.learner_def.shared_critic(ctx.learner_config, ctx.spec, options.n_trained)
     order = make_sequential_order(shared, ctx.learner_config.hidden, ctx.spec.action_dim)
     return cemrl.build(ctx, options, train=order.update)
 

@@ -63,8 +63,9 @@ class SourceDef:
     row_bytes: int = 0
 
 
-def _check_windows(config, step, source: str) -> None:
-    if step.window > 1 and (source != "uniform" or config.buffer_size % config.envs_per_member):
+def _check_windows(config, step, serves_windows: bool) -> None:
+    """Multi-step windows need a source that serves them and rows that stay aligned to the envs."""
+    if step.window > 1 and (not serves_windows or config.buffer_size % config.envs_per_member):
         raise ConfigError(f"buffer_size: multi-step windows need a uniform buffer whose size is a multiple of "
                           f"envs_per_member ({config.envs_per_member}), got {config.buffer_size} ({config.buffer})")
 
@@ -72,7 +73,7 @@ def _check_windows(config, step, source: str) -> None:
 def make_uniform_source(config, spec: EnvSpec, step) -> ReplaySource:
     """Uniform sampling from a ring buffer of ``buffer_size`` rows; windows of ``step.window`` consecutive steps of
     one env when the learner reads multi-step windows (rows then keep their episode-end flags)."""
-    _check_windows(config, step, "uniform")
+    _check_windows(config, step, serves_windows=True)
     buffer = make_uniform_buffer(config.buffer_size, config.batch_size)
     window, stride = step.window, config.envs_per_member
     if window > 1:
@@ -111,7 +112,7 @@ def make_prioritized_source(config, spec: EnvSpec, step) -> ReplaySource:
     if config.steps_per_iter % banks:
         raise ConfigError(f"rollout_len: rollout_len x envs_per_member ({config.steps_per_iter}) must be a multiple "
                           f"of the {banks} replay banks (one per replica) with buffer: prioritized")
-    _check_windows(config, step, "prioritized")
+    _check_windows(config, step, serves_windows=False)
     buffer = make_prioritized_buffer(config.buffer_size, config.batch_size, banks=banks, delay=config.per_delay)
 
     def sample(key, state):
