@@ -26,6 +26,7 @@ run: $(STAMP)
 #   make test-processes  `processes`: tests that start subprocesses or several processes/devices (multi-process
 #                        jobs, forced multi-device runs, CLI runs of whole examples); CI runs them after
 #                        `make test` when time allows (.ci/run)
+# A DeprecationWarning caused by popjax's own code (or a test's) fails the test (filterwarnings in pyproject.toml).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
