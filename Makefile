@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: install run test test-slow lint bench clean
+.PHONY: install run test test-slow test-processes lint bench clean
 
 $(STAMP): pyproject.toml benchmarks/pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,11 +21,21 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/popjax train --config experiments/default.yaml --out runs/default --overwrite
 
+# The tests come in three groups (markers in pyproject.toml); each target runs one of them:
+#   make test            the default suite: everything not marked `slow` or `processes` (about 8 minutes on 2 cores)
+#   make test-slow       `slow`: long learning runs (a test that is also `processes` runs here)
+#   make test-processes  `processes`: tests that start subprocesses or several processes/devices (multi-process
+#                        jobs, forced multi-device runs, CLI runs of whole examples); CI runs them after
+#                        `make test` when time allows (.ci/run)
+# A DeprecationWarning caused by popjax's own code (or a test's) fails the test (filterwarnings in pyproject.toml).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+test-processes: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "processes and not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check popjax tests benchmarks experiments

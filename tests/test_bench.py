@@ -548,6 +548,7 @@ _DEVICE_RUNS = {
 }
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("study", sorted(_DEVICE_RUNS))
 def test_cli_devices_flag_splits_the_population(study, tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
@@ -666,6 +667,7 @@ def test_torch_dqn_matches_jax_dqn():
         assert _close(metrics["loss"], out["loss"], 1e-3), step
 
 
+@pytest.mark.processes
 def test_train_compares_overlap_off_and_on_on_the_gym_path(tmp_path):
     """Both modes at the same point; the overlap row carries its share and its speed-up over the other."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}

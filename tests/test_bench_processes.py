@@ -46,6 +46,7 @@ def positive(x) -> bool:
     return isinstance(x, int | float) and math.isfinite(x) and x > 0
 
 
+@pytest.mark.processes
 def test_update_over_two_processes_against_one(tmp_path):
     argv = [sys.executable, "-m", "popjax", "bench", "update", "--learner", "td3", "--pop", "4", "--processes", "2",
             "--impl", "vmap", "--hidden", "8,8", "--batch-size", "8", "--repeats", "10", "--min-time", "0",
@@ -124,6 +125,7 @@ def test_report_has_processes_columns_only_for_a_processes_study():
     assert "vmap N=3 d=2 P=2 (no)" in text
 
 
+@pytest.mark.processes
 def test_no_worker_outlives_its_time_limit(tmp_path):
     options = update.Options(learners=("td3",), pops=(4,), impls=("vmap",), hidden=(8,), batch_size=4, processes=2)
     start = time.monotonic()
@@ -133,6 +135,7 @@ def test_no_worker_outlives_its_time_limit(tmp_path):
     assert not workers(psutil.Process())
 
 
+@pytest.mark.processes
 def test_workers_stop_when_the_study_is_killed(tmp_path):
     """A study killed outright (no clean-up of its own) leaves no worker behind: they watch their parent."""
     code = ("import sys; from pathlib import Path; from popjax_bench import update; "

@@ -60,6 +60,7 @@ def _forced(devices: int) -> dict[str, str]:
     return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
 
 
+@pytest.mark.processes
 def test_replicas_over_four_devices_equal_the_one_device_run():
     proc = subprocess.run([sys.executable, "-c", EQUAL], capture_output=True, text=True, env=_forced(4), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -88,6 +89,7 @@ def study(tmp_path_factory):
     return out, json.loads((out / "spo.json").read_text())
 
 
+@pytest.mark.processes
 def test_spo_study_fields(study):
     out, data = study
     assert (out / "spo.png").exists()
@@ -112,6 +114,7 @@ def test_spo_study_fields(study):
     assert [f["replicas"] for f in data["fits"]] == [1, 2]
 
 
+@pytest.mark.processes
 def test_model_columns_are_the_formulas_of_the_measured_terms(study):
     _, data = study
     rows = data["results"]
@@ -152,6 +155,7 @@ def test_add_model_by_hand():
     assert fit[0]["model_round_overhead_s"] == pytest.approx(2.0)
 
 
+@pytest.mark.processes
 def test_report_section(study):
     out, _ = study
     text = report.write_report(out, out / "RESULTS.md").read_text()

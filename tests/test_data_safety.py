@@ -97,6 +97,7 @@ def test_a_run_in_use_is_refused_and_a_dead_owners_lock_is_taken_over(run_copy):
     assert run.summary["env_steps"] == 300 and not (run_copy / LOCK).exists()
 
 
+@pytest.mark.processes
 def test_two_concurrent_resumes_one_is_refused(run_copy, tmp_path):
     """A real second process: the resume that comes second exits 2 and the run is not disturbed."""
     checkpoints = Checkpointer(run_copy / "checkpoints")

@@ -20,6 +20,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.processes  # one subprocess with 4 forced devices (make test-processes)
+
 SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np

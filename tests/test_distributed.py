@@ -18,6 +18,8 @@ import pytest
 
 from popjax.distributed import free_local_port
 
+pytestmark = pytest.mark.processes  # every test starts a job of subprocesses (make test-processes)
+
 JOB = str(Path(__file__).with_name("distributed_job.py"))
 LIMIT_S = 240  # any process still running by then is a hang: the test fails
 

@@ -357,6 +357,7 @@ def test_pbt_with_ppo_exploits_without_recompiling():
     assert int(state.counters.updates) == 4 * 2 * 2 and int(state.counters.env_steps) == 4 * 64
 
 
+@pytest.mark.processes
 @pytest.mark.filterwarnings("ignore:.*taking over the lock")
 def test_pbt_ppo_run_killed_mid_training_resumes_bit_identically(tmp_path):
     """SIGKILL a PPO + PBT run past its first exploit, resume it: it equals the uninterrupted run."""

@@ -64,6 +64,7 @@ def runs(tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.processes
 def test_overlap_acts_with_the_parameters_of_one_iteration_earlier(runs):
     plain, overlap = runs["plain"], runs["overlap"]
     assert overlap["devices"] == 2  # the acting device was added before JAX started
@@ -73,10 +74,12 @@ def test_overlap_acts_with_the_parameters_of_one_iteration_earlier(runs):
     assert overlap["updates"] == plain["updates"] and overlap["env_steps"] == plain["env_steps"] == 300
 
 
+@pytest.mark.processes
 def test_an_overlapped_run_resumes_and_extends(runs):
     assert runs["extended"] == {"env_steps": 400, "updates": runs["overlap"]["updates"] + 100}
 
 
+@pytest.mark.processes
 def test_overlap_is_deterministic(runs):
     assert runs["overlap"]["leaves_hash"] == runs["again"]["leaves_hash"]
     assert runs["overlap"]["acted"] == runs["again"]["acted"]

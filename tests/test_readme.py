@@ -40,6 +40,7 @@ def test_the_python_example_runs(tmp_path, monkeypatch):
     assert (tmp_path / "runs" / "td3-pendulum" / "summary.json").exists()
 
 
+@pytest.mark.processes
 def test_the_cli_examples_run_in_order(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "experiments").mkdir()

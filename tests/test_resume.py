@@ -76,6 +76,7 @@ def assert_same_run(run, reference, evaluations=6):
     assert len(rows) == evaluations * 2
 
 
+@pytest.mark.processes
 def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(reference, tmp_path):
     out = tmp_path / "killed"
     script = tmp_path / "child.py"

@@ -232,7 +232,7 @@ def test_the_table_has_at_least_60_bad_inputs():
     assert {case.how for case in CASES} == {"cli", "yaml", "api", "direct"}
 
 
-@pytest.mark.parametrize(("case", "variant"), variants())
+@pytest.mark.parametrize(("case", "variant"), list(variants()))  # a list: pytest deprecates generators
 def test_bad_input_is_one_line_naming_the_field_and_nothing_is_written(case, variant, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("popjax.config.machine_memory", lambda: 16 * GIB)
     (tmp_path / "binary.yaml").write_bytes(bytes(range(256)) * 4)

@@ -171,7 +171,7 @@ def ppo_loss(params, net: ActorCritic, batch: Batch, clip, ent_coef, vf_coef, no
 
 def clip_by_global_norm(grads: PyTree, max_norm: jax.Array) -> tuple[PyTree, jax.Array]:
     """``grads`` scaled to a global norm of at most ``max_norm`` (traced); also the norm before clipping."""
-    norm = optax.global_norm(grads)
+    norm = optax.tree.norm(grads)  # optax.global_norm is deprecated (its warning names optax, not the caller)
     scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
     return jax.tree.map(lambda g: g * scale, grads), norm
 
