@@ -27,6 +27,7 @@ from popjax.population.hparams import Range, check_hparams, population_hparams
 from popjax.population.members import Members
 from popjax.population.sharding import Placement, acting_device, reserve_acting_device
 from popjax.presets import apply_preset
+from popjax.registry import SOURCES
 from popjax.rundir import RunDir, RunLock, check_new_run
 
 
@@ -80,7 +81,8 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
     options = driver_def.parse_options(config)
     if definition.specialize is not None:  # a static setting the run allows (TD3: a fixed policy delay)
         learner_config = definition.specialize(learner_config, hparams, config.updates_per_iter,
-                                               options.searched_hparams())
+                                               options.searched_hparams(),
+                                               exact_chunks=not SOURCES[config.buffer].writes_back)
     learner = definition.make(learner_config, spec)
     if not isinstance(learner.step, definition.step_kind):  # a registry entry that contradicts its learner
         raise TypeError(f"learner {config.learner}: make returned a {type(learner.step).__name__}, its LearnerDef "

@@ -76,7 +76,7 @@ def make_newest(config, spec, step) -> ReplaySource:
         write_back=lambda state, rows, values: {**state, "written": values})
 
 
-NEWEST = SourceDef("newest_test", make_newest, "the newest rows (a test source)")
+NEWEST = SourceDef("newest_test", make_newest, "the newest rows (a test source)", writes_back=True)
 
 
 @pytest.fixture

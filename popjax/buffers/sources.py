@@ -61,6 +61,9 @@ class SourceDef:
     make: Callable[[Any, EnvSpec, Any], ReplaySource]
     description: str
     row_bytes: int = 0
+    # Whether its sources write values back between samplings (then a chunk of updates, whose batches are drawn
+    # together, differs from the same updates made one at a time: learners chunk only where they must).
+    writes_back: bool = False
 
 
 def _check_windows(config, step, serves_windows: bool) -> None:
@@ -129,4 +132,5 @@ def make_prioritized_source(config, spec: EnvSpec, step) -> ReplaySource:
 UNIFORM = SourceDef("uniform", make_uniform_source, "uniform sampling")
 # The K = 4 sum tree: one float32 leaf and a third of one in inner nodes (more with padding).
 PRIORITIZED = SourceDef("prioritized", make_prioritized_source,
-                        "prioritized by |TD error| (K-ary sum tree; learners that return TD magnitudes)", row_bytes=6)
+                        "prioritized by |TD error| (K-ary sum tree; learners that return TD magnitudes)", row_bytes=6,
+                        writes_back=True)

@@ -28,7 +28,11 @@ from popjax.types import EnvSpec, Key
 def make_source(ctx: BuildContext) -> ReplaySource:
     """The run's replay source (``buffer``) for the learner's replay step; refuses what cannot work together."""
     cfg, learner = ctx.config, ctx.learner
-    source = SOURCES[cfg.buffer].make(cfg, ctx.spec, learner.step)
+    definition = SOURCES[cfg.buffer]
+    source = definition.make(cfg, ctx.spec, learner.step)
+    if (source.write_back is not None) != definition.writes_back:  # a registry entry that contradicts its source
+        raise TypeError(f"replay source {cfg.buffer}: SourceDef.writes_back is {definition.writes_back}, its source "
+                        f"{'has' if source.write_back is not None else 'has no'} write_back")
     if source.write_back is not None and not learner.step.td:
         raise ConfigError(f"buffer: the {cfg.learner} learner returns no per-sample TD magnitudes for the {cfg.buffer} "
                           "source to write back (allowed: uniform)")

@@ -160,8 +160,9 @@ class LearnerDef:
     make: Callable[[Any, EnvSpec], Learner]
     default_hparams: Callable[[Any], Any]
     action_kind: str  # "continuous", "discrete" or "any" (both: the action head follows the env)
-    # (config, initial hparams [pop], updates per call K, hparams a driver may change) -> config: a learner
-    # may fix a static setting the run allows (TD3: a policy delay no member will change).
+    # (config, initial hparams [pop], updates per call K, hparams a driver may change, exact_chunks=...) -> config:
+    # a learner may fix a static setting the run allows (TD3: a policy delay no member will change, chunking its
+    # updates only where a chunk equals the same updates one at a time: ``exact_chunks``).
     specialize: Callable[[Any, Any, int, frozenset[str]], Any] | None = None
     # The kind of ``Learner.step`` ``make`` returns (``ReplayStep`` or ``RolloutStep``): known before the env is,
     # so a run is checked against its driver and replay source when it is built.

@@ -501,15 +501,17 @@ def check_topology_period(config: RLx2Config, updates_per_call: int) -> None:
                           f"(allowed: at least {updates_per_call})")
 
 
-def specialize(config: RLx2TD3Config, hparams, updates_per_call: int, searched: frozenset[str]) -> RLx2TD3Config:
+def specialize(config: RLx2TD3Config, hparams, updates_per_call: int, searched: frozenset[str],
+               exact_chunks: bool = True) -> RLx2TD3Config:
     """TD3's fixed policy delay, and a topology period no shorter than one call's updates."""
     check_topology_period(config, updates_per_call)
-    return td3.specialize(config, hparams, updates_per_call, searched)
+    return td3.specialize(config, hparams, updates_per_call, searched, exact_chunks)
 
 
-def specialize_sac(config: RLx2Config, hparams, updates_per_call: int, searched: frozenset[str]) -> RLx2Config:
+def specialize_sac(config: RLx2Config, hparams, updates_per_call: int, searched: frozenset[str],
+                   exact_chunks: bool = True) -> RLx2Config:
     """A topology period no shorter than one call's updates."""
-    del hparams, searched
+    del hparams, searched, exact_chunks
     check_topology_period(config, updates_per_call)
     return config
 

@@ -96,9 +96,11 @@ class SPOConfig:
         return self
 
 
-def specialize(config: SPOConfig, hparams, updates_per_call: int, searched: frozenset[str]) -> SPOConfig:
-    """Checks that the driver's K updates per call are whole rounds of H local steps."""
-    del hparams, searched
+def specialize(config: SPOConfig, hparams, updates_per_call: int, searched: frozenset[str],
+               exact_chunks: bool = True) -> SPOConfig:
+    """Checks that the driver's K updates per call are whole rounds of H local steps (a round is SPO's smallest
+    update, whatever the replay source)."""
+    del hparams, searched, exact_chunks
     if updates_per_call % config.local_steps:
         raise ConfigError(f"learner_config.local_steps: must divide the updates per iteration ({updates_per_call}: "
                           f"rollout_len * envs_per_member * update_ratio), got {config.local_steps}")

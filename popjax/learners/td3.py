@@ -256,8 +256,11 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
     return Learner(init=core.init, act=core.act, policy=core.policy, step=step)
 
 
-def specialize(config: TD3Config, hparams: TD3HParams, updates_per_call: int, searched: frozenset[str]) -> TD3Config:
-    """Fixes the policy delay when every member has the same one, no driver changes it and K is a multiple."""
+def specialize(config: TD3Config, hparams: TD3HParams, updates_per_call: int, searched: frozenset[str],
+               exact_chunks: bool = True) -> TD3Config:
+    """Fixes the policy delay when every member has the same one, no driver changes it, K is a multiple and a chunk
+    of updates equals the same updates one at a time (``exact_chunks``: not so when the replay source writes
+    priorities back between samplings, which a chunk's batches, drawn together, would not see)."""
     delays = set(jax.device_get(hparams.policy_delay).tolist())
     if config.fixed_policy_delay is not None:
         d = config.fixed_policy_delay
@@ -266,7 +269,8 @@ def specialize(config: TD3Config, hparams: TD3HParams, updates_per_call: int, se
                               f"equal to it (got {sorted(delays)}), not searched by the driver, and the updates per "
                               f"call ({updates_per_call}) a multiple of it")
         return config
-    if len(delays) == 1 and "policy_delay" not in searched and updates_per_call % (d := delays.pop()) == 0 and d > 1:
+    if (exact_chunks and len(delays) == 1 and "policy_delay" not in searched
+            and updates_per_call % (d := delays.pop()) == 0 and d > 1):
         return dataclasses.replace(config, fixed_policy_delay=d)
     return config
 
