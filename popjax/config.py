@@ -199,6 +199,10 @@ def _check_run(config: RunConfig) -> None:
         what = f"the on-policy learner {c.learner}" if LEARNERS[c.learner].on_policy else f"the learner {c.learner}"
         fail(f"the {c.driver} driver trains from a replay buffer, not {what} (allowed: {allowed})", at=("driver",),
              nested=True)
+    if DRIVERS[c.driver].shared_critic and LEARNERS[c.learner].shared_critic is None:
+        offering = ", ".join(name for name, d in LEARNERS.items() if d.shared_critic is not None)
+        fail(f"the {c.driver} driver trains TD3 actors with a shared critic (allowed: {offering}), got {c.learner!r}",
+             at=("learner",), nested=True)
     if c.overlap and LEARNERS[c.learner].on_policy:  # learn never sees the snapshot that acted
         fail(f"acting one update behind would hand the on-policy learner {c.learner} data of a policy its update "
              "does not know (allowed: false)", at=("overlap",), nested=True)

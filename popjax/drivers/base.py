@@ -42,7 +42,6 @@ from popjax.distributed import fetch
 from popjax.learners.base import ReplayStep
 from popjax.population.hparams import hparams_table
 from popjax.population.members import Members
-from popjax.registry import LEARNERS
 from popjax.schema import Schema, validate
 from popjax.types import EnvSpec, Key, Metrics, PyTree
 
@@ -274,6 +273,8 @@ class DriverDef:
       steps: the kinds of learner step it trains (``ReplayStep``, ``RolloutStep``); drivers built on one
         replay buffer (CEM-RL, DvD) train replay steps only.
       sources: the replay sources (the run's ``buffer``) it samples from; None: every registered one.
+      shared_critic: whether it trains actors against one shared critic (CEM-RL, DvD): the learner must offer
+        that population (``LearnerDef.shared_critic``).
     """
 
     name: str
@@ -284,6 +285,7 @@ class DriverDef:
     replay_transitions: Callable[[RunConfig], int] = per_member_buffers
     steps: tuple[type, ...] = (ReplayStep,)
     sources: tuple[str, ...] | None = ("uniform",)
+    shared_critic: bool = False
 
     def accepts_step(self, kind: type) -> bool:
         return kind in self.steps
@@ -295,15 +297,6 @@ class DriverDef:
         """The run's options block of this driver, validated (``ConfigError`` naming ``<name>.<key>``)."""
         return validate(self.options, config.driver_options.get(self.name, {}), at=(self.name,),
                         context={"config": config}, nested=nested)
-
-
-def check_shared_critic(config: RunConfig, driver: str, error: Callable) -> None:
-    """Raises ``error(message, at=("learner",), absolute=True)`` unless the run's learner offers a shared-critic
-    population (``LearnerDef.shared_critic``), which the ``driver`` trains."""
-    offering = [name for name, d in LEARNERS.items() if d.shared_critic is not None]
-    if LEARNERS[config.learner].shared_critic is None:
-        raise error(f"the {driver} driver trains TD3 actors with a shared critic (allowed: {', '.join(offering)}), "
-                    f"got {config.learner!r}", at=("learner",), absolute=True)
 
 
 def member_rows(returns: np.ndarray, hparams, metrics: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:

@@ -59,7 +59,6 @@ from popjax.drivers.base import (
     DriverHost,
     DriverOptions,
     Episodes,
-    check_shared_critic,
     run_config,
 )
 from popjax.envs.runner import EpisodeBatch
@@ -100,7 +99,6 @@ class CEMRLOptions(DriverOptions):
     def _resolve(self, info: ValidationInfo):
         config = run_config(info)
         pop = config.pop_size
-        check_shared_critic(config, "cemrl", problem)
         if pop < 2:
             raise problem(f"cemrl needs at least 2 members, got {pop}", at=("pop_size",), absolute=True)
         if self.mirrored and pop % 2:
@@ -206,7 +204,6 @@ def build(ctx: BuildContext, options: CEMRLOptions | CEMRLSettings, train: Calla
     ``popjax_bench.cemrl_order``, as ``experiments/cemrl_common.py`` does)."""
     cfg, spec = ctx.config, ctx.spec
     settings = options.settings(cfg.pop_size) if isinstance(options, CEMRLOptions) else options
-    check_shared_critic(cfg, "cemrl", lambda message, at, absolute: ConfigError(f"learner: {message}"))
     pop, episodes, t_max = cfg.pop_size, cfg.envs_per_member, spec.max_episode_steps
     if pop * episodes * t_max > cfg.buffer_size:
         raise ConfigError(f"buffer_size: {cfg.buffer_size} is smaller than one generation's worst case "
@@ -304,4 +301,4 @@ def cemrl_run_plots(run_dir) -> list:
 # critic of the first n_trained samples, tell): no per-device program fits it; it runs on the
 # sharding path, where the compiler splits the member axis.
 DEFINITION = DriverDef(name="cemrl", build=build, options=CEMRLOptions, plots=cemrl_run_plots, pmap=False,
-                       replay_transitions=lambda config: config.buffer_size)
+                       replay_transitions=lambda config: config.buffer_size, shared_critic=True)

@@ -54,7 +54,6 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from popjax import plots
 from popjax.buffers import BufferState, make_uniform_buffer
-from popjax.config import ConfigError
 from popjax.distributed import fetch
 from popjax.drivers.base import (
     BuildContext,
@@ -65,7 +64,6 @@ from popjax.drivers.base import (
     DriverOptions,
     Episodes,
     Rollout,
-    check_shared_critic,
     run_config,
     train_unless,
 )
@@ -126,7 +124,6 @@ class DvDOptions(DriverOptions):
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo):
         config = run_config(info)
-        check_shared_critic(config, "dvd", problem)
         if config.pop_size < 2:
             raise problem(f"dvd needs at least 2 members, got {config.pop_size}", at=("pop_size",), absolute=True)
         if config.pop_size * config.total_env_steps > INT32_MAX:
@@ -223,7 +220,6 @@ def build(ctx: BuildContext, options: DvDOptions | DvDSettings) -> Driver:
     """Shared-critic TD3 actors with the diversity term, trained like the independent population."""
     cfg, spec, members = ctx.config, ctx.spec, ctx.members
     settings = options.settings(cfg) if isinstance(options, DvDOptions) else options
-    check_shared_critic(cfg, "dvd", lambda message, at, absolute: ConfigError(f"learner: {message}"))
     shared = ctx.learner_def.shared_critic(ctx.learner_config, spec, members.local, settings.diversity,
                                     device_axis=members.axis_name)
     buffer = make_uniform_buffer(cfg.buffer_size, cfg.batch_size)
@@ -294,4 +290,4 @@ def dvd_run_plots(run_dir) -> list:
 
 
 DEFINITION = DriverDef(name="dvd", build=build, options=DvDOptions, plots=dvd_run_plots,
-                       replay_transitions=lambda config: config.buffer_size)
+                       replay_transitions=lambda config: config.buffer_size, shared_critic=True)
