@@ -154,7 +154,8 @@ class Number(Kind):
             verb = "lie" if bounds.startswith("in ") else "be"
             raise Invalid(f"must {verb} {bounds}, got {show(number)}")
         if self.float32 and not self.integer:
-            single = float(np.float32(number))
+            with np.errstate(over="ignore"):  # beyond float32 it is inf, refused below (no RuntimeWarning line)
+                single = float(np.float32(number))
             if not math.isfinite(single) or not self.inside(single):
                 raise Invalid(f"{show(number)} is {show(single)} as a float32; allowed: {self.describe()}")
         return number
