@@ -62,8 +62,8 @@ def compilers(monkeypatch) -> list[Compiler]:
     """Every Compiler created while the test runs (the loop's compile cache and trace counts)."""
     made, init = [], Compiler.__init__
 
-    def recording_init(self):
-        init(self)
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
         made.append(self)
 
     monkeypatch.setattr(Compiler, "__init__", recording_init)

@@ -218,8 +218,8 @@ def compilers(monkeypatch) -> list[Compiler]:
     """Every Compiler created while the test runs (a loop's compile cache and trace counts)."""
     made, init = [], Compiler.__init__
 
-    def recording_init(self):
-        init(self)
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
         made.append(self)
 
     monkeypatch.setattr(Compiler, "__init__", recording_init)
@@ -352,7 +352,7 @@ def member_program(learner, spec, config, extended: bool = False):
     return program
 
 
-@pytest.mark.parametrize(("name", "env", "extended"), vmap_cases())
+@pytest.mark.parametrize(("name", "env", "extended"), list(vmap_cases()))
 def test_vmap_equals_the_per_member_loop(name, env, extended):
     definition = LEARNERS[name]
     config = make_config(**{**run_options(name, "independent"), "env": env})
