@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import tempfile
 from types import SimpleNamespace
 
 import jax
@@ -192,3 +194,10 @@ def trees_differ(a, b) -> bool:
 
 def np64(x) -> np.ndarray:
     return np.asarray(x, np.float64)
+
+
+def use_shared_xla_cache() -> None:
+    """Compiled programs in one persistent cache shared by the run tests (speed only; results are identical)."""
+    jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(),
+                                                                f"popjax-test-xla-cache-{os.getuid()}"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

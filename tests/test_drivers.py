@@ -9,9 +9,7 @@ driver written in this module registers with one line and trains: a driver is an
 
 import csv
 import json
-import os
 import shutil
-import tempfile
 from typing import Any
 
 import jax
@@ -19,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from learner_helpers import assert_trees_equal
+from learner_helpers import assert_trees_equal, use_shared_xla_cache
 
 import popjax
 from popjax.checkpoint import Checkpointer
@@ -27,7 +25,6 @@ from popjax.config import make_config
 from popjax.drivers import DRIVERS
 from popjax.drivers.base import Counters, Driver, DriverDef, DriverHost, DriverOptions, Episodes
 from popjax.experiment import build
-from popjax.loop import Compiler
 from popjax.population import tree
 from popjax.schema import Float
 
@@ -51,23 +48,7 @@ def options(name: str) -> dict[str, Any]:
 
 @pytest.fixture(autouse=True)
 def xla_cache():
-    """Compiled programs shared between the runs of a test (speed only; results are identical)."""
-    jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(),
-                                                                f"popjax-test-xla-cache-{os.getuid()}"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-
-
-@pytest.fixture
-def compilers(monkeypatch) -> list[Compiler]:
-    """Every Compiler created while the test runs (the loop's compile cache and trace counts)."""
-    made, init = [], Compiler.__init__
-
-    def recording_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(Compiler, "__init__", recording_init)
-    return made
+    use_shared_xla_cache()
 
 
 def metric_rows(run_dir) -> list[dict[str, str]]:

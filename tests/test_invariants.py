@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import os
 import shutil
-import tempfile
 import warnings
 from typing import Any
 
@@ -42,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from learner_helpers import fast_compile  # noqa: F401  (autouse fixture)
+from learner_helpers import fast_compile, use_shared_xla_cache  # noqa: F401  (fast_compile: an autouse fixture)
 
 import popjax
 from popjax.checkpoint import Checkpointer
@@ -207,23 +205,7 @@ def pair_param(learner: str, driver: str):
 
 @pytest.fixture(autouse=True)
 def xla_cache():
-    """Compiled programs in the persistent cache the other run tests use (speed only; results are identical)."""
-    jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(),
-                                                                f"popjax-test-xla-cache-{os.getuid()}"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-
-
-@pytest.fixture
-def compilers(monkeypatch) -> list[Compiler]:
-    """Every Compiler created while the test runs (a loop's compile cache and trace counts)."""
-    made, init = [], Compiler.__init__
-
-    def recording_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(Compiler, "__init__", recording_init)
-    return made
+    use_shared_xla_cache()
 
 
 # --- tree comparisons ---------------------------------------------------------------------------------
