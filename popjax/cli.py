@@ -56,10 +56,55 @@ def _key_value(text: str) -> tuple[str, str]:
     return name.strip(), value
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A mapping of a YAML document names the same key twice (``key``: its dotted path; ``line``: 1-based,
+    of the second one)."""
+
+    def __init__(self, key: str, line: int):
+        super().__init__(f"duplicate key {key} (line {line})")
+        self.key, self.line = key, line
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last value
+    silently; a user who wrote the key twice meant one of them)."""
+
+    def construct_document(self, node):
+        _check_duplicates(node, (), set())
+        return super().construct_document(node)
+
+
+def _check_duplicates(node, path: tuple[str, ...], visited: set[int]) -> None:
+    if id(node) in visited:  # an alias seen before (anchors may even be recursive)
+        return
+    visited.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be overridden
+                continue
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and (key_node.tag, key) in seen:
+                dotted = "".join(part if part.startswith("[") else "." + part for part in (*path, key))
+                raise DuplicateKey(dotted.lstrip("."), key_node.start_mark.line + 1)
+            seen.add((key_node.tag, key))
+            _check_duplicates(value_node, (*path, str(key)), visited)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicates(item, (*path, f"[{i}]"), visited)
+
+
+def load_yaml_text(text: str) -> Any:
+    """``text`` read as YAML like ``yaml.safe_load``, but a duplicated key raises ``DuplicateKey``."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _yaml_value(field: str, text: str) -> Any:
     """A flag value parsed as YAML (``1e4``, ``[64, 64]``, ``{interval: 5000}``); one-line error if malformed."""
     try:
-        return yaml.safe_load(text)
+        return load_yaml_text(text)
+    except DuplicateKey as err:
+        raise ConfigError(f"{field}.{err.key}: duplicate key in {text!r}") from None
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{field}: {text!r} is not valid YAML ({problem})") from None
@@ -238,7 +283,9 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     except OSError as err:
         raise ConfigError(f"--config: cannot read {path} ({err.strerror or err})") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_text(text)
+    except DuplicateKey as err:
+        raise ConfigError(f"{err.key}: duplicate key in {path} (line {err.line})") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"--config: {path} is not valid YAML ({str(err).splitlines()[0]})") from None
     if data is None:

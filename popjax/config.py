@@ -272,18 +272,33 @@ def make_learner_config(config: RunConfig):
     return _learner_config(config, LEARNERS[config.learner])[0]
 
 
+def _allowed(name: str) -> str:
+    """What option ``name`` (a RunConfig field or a driver block) accepts, for messages."""
+    if name in DRIVERS:
+        return "a mapping of options {key: value}"
+    field = schema.schema_fields(RunConfig)[name]
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, Mapping) else {}
+    kind = schema.kind_of(field)
+    allowed = extra.get("allowed") or (kind.describe() if kind is not None else "a value")
+    return str(allowed).replace(" (listed below)", "")
+
+
 def make_config(**options: Any) -> RunConfig:
     """Builds and validates a RunConfig from keyword options (as from the API, CLI or YAML).
 
-    An option named after a registered driver (``pbt={...}``) is that driver's options block;
-    ``None`` means the default.
+    An option named after a registered driver (``pbt={...}``) is that driver's options block. An
+    option left out takes its default; one given as ``None`` (an empty or null YAML value) is refused:
+    a user who wrote the key meant something.
     """
     fields = [f.name for f in dataclasses.fields(RunConfig)]
     for name in options:
         if name not in fields and name not in DRIVERS:
             fail(f"unknown option (allowed: {', '.join([*fields, *DRIVERS])})", at=(name,))
-    values = {name: value for name, value in options.items() if value is not None and name in fields}
-    blocks = {name: value for name, value in options.items() if value is not None and name not in fields}
+    for name, value in options.items():
+        if value is None:
+            fail(f"no value given; leave the option out for its default (allowed: {_allowed(name)})", at=(name,))
+    values = {name: value for name, value in options.items() if name in fields}
+    blocks = {name: value for name, value in options.items() if name not in fields}
     if blocks:
         given = values.get("driver_options") or {}
         values["driver_options"] = {**given, **blocks} if isinstance(given, Mapping) else given

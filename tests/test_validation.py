@@ -155,6 +155,17 @@ CASES = [
     yaml_case("tensorboard: maybe\n", field="tensorboard"),
     yaml_case("hparams: [1, 2]\n", field="hparams"),
     yaml_case("pop_size: 4\n", "--pop", "0", field="pop_size"),  # the flag overrides the file
+    # a key written without a value, or twice, meant something: never the default or the last value
+    yaml_case("pop_size:\n", field="pop_size"),
+    yaml_case("learner: null\n", field="learner"),
+    yaml_case("driver: pbt\npbt:\n", field="pbt"),
+    yaml_case("pop_size: 2\nseed: 1\npop_size: 4\n", field="pop_size"),
+    yaml_case("driver: pbt\npbt:\n  interval: 1000\n  interval: 2000\n", field="pbt.interval"),
+    cli_case("--set", "pbt={interval: 1000, interval: 2000}", field="pbt.interval"),
+    api_case("env", env=None),
+    api_case("learner", learner=None),
+    api_case("hparams", hparams=None),
+    api_case("pbt", driver="pbt", pbt=None),
     # Python keywords
     api_case("pop_size", pop_size=-1),
     api_case("pop_size", pop_size=True),
