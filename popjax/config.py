@@ -37,7 +37,8 @@ from popjax.schema import (
     validate,
 )
 
-__all__ = ["ConfigError", "PARALLEL_MODES", "RunConfig", "check_memory", "make_config", "make_learner_config"]
+__all__ = ["ConfigError", "PARALLEL_MODES", "RunConfig", "check_memory", "check_options", "make_config",
+           "make_learner_config"]
 
 PARALLEL_MODES = ("sharding", "pmap")
 MAX_STEPS = 2**30  # env steps per member: int32 counters (plus one iteration) never overflow
@@ -283,6 +284,26 @@ def _allowed(name: str) -> str:
     return str(allowed).replace(" (listed below)", "")
 
 
+def check_options(options: Mapping[str, Any]) -> None:
+    """Each option alone: a known name, a value (not None) and a value of the right type, in the
+    order of RunConfig's fields, then the driver blocks. Runs before anything reads the options
+    (presets look up ``learner`` and ``env``); the checks across fields come with ``RunConfig``."""
+    fields = schema.schema_fields(RunConfig)
+    for name in options:
+        if name not in fields and name not in DRIVERS:
+            fail(f"unknown option (allowed: {', '.join([*fields, *DRIVERS])})", at=(name,))
+    for name, value in options.items():
+        if value is None:
+            fail(f"no value given; leave the option out for its default (allowed: {_allowed(name)})", at=(name,))
+    for name, field in fields.items():
+        kind = schema.kind_of(field)
+        if name in options and kind is not None:
+            schema.convert(kind, options[name], at=(name,))
+    for name in DRIVERS:
+        if name in options:
+            schema.convert(AnyMapping("a mapping of options {key: value}"), options[name], at=(name,))
+
+
 def make_config(**options: Any) -> RunConfig:
     """Builds and validates a RunConfig from keyword options (as from the API, CLI or YAML).
 
@@ -290,13 +311,8 @@ def make_config(**options: Any) -> RunConfig:
     option left out takes its default; one given as ``None`` (an empty or null YAML value) is refused:
     a user who wrote the key meant something.
     """
+    check_options(options)
     fields = [f.name for f in dataclasses.fields(RunConfig)]
-    for name in options:
-        if name not in fields and name not in DRIVERS:
-            fail(f"unknown option (allowed: {', '.join([*fields, *DRIVERS])})", at=(name,))
-    for name, value in options.items():
-        if value is None:
-            fail(f"no value given; leave the option out for its default (allowed: {_allowed(name)})", at=(name,))
     values = {name: value for name, value in options.items() if name in fields}
     blocks = {name: value for name, value in options.items() if name not in fields}
     if blocks:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from popjax.config import ConfigError
+from popjax.config import ConfigError, check_options
 from popjax.registry import LEARNERS
 
 
@@ -74,8 +74,9 @@ def apply_preset(options: Mapping[str, Any]) -> dict[str, Any]:
     """
     options = dict(options)
     mode = options.pop("preset", "auto")
-    if mode not in PRESET_MODES:
+    if not isinstance(mode, str) or mode not in PRESET_MODES:
         raise ConfigError(f"preset: {mode!r} unknown; allowed: {', '.join(PRESET_MODES)}")
+    check_options(options)  # every option's type first: the lookup below reads learner and env
     preset = find_preset(options.get("learner", "td3"), options.get("env", "probe:pendulum"))
     if mode == "none" or preset is None:
         return options
