@@ -259,10 +259,15 @@ def _learner_config(config: RunConfig, definition, nested: bool = False):
     (``batch_size``) come from the run."""
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     given = dict(config.learner_config)
+    cls = definition.config_cls
+    own = [name for name in schema.schema_fields(cls) if name not in run_fields]  # what learner_config accepts
     for key in given:
         if key in run_fields:
             fail(f"set by the run option {key}, not in learner_config", at=("learner_config", key), nested=nested)
-    cls = definition.config_cls
+    for key in given:
+        if key not in own:
+            allowed = ", ".join(own) if own else f"none, {config.learner} takes no learner_config keys"
+            fail(f"unknown key (allowed: {allowed})", at=("learner_config", key), nested=nested)
     from_run = {name: getattr(config, name) for name in schema.schema_fields(cls) if name in run_fields}
     learner_config = validate(cls, {**given, **from_run}, at=("learner_config",), nested=nested)
     return learner_config, {key: _plain(getattr(learner_config, key)) for key in given}

@@ -35,7 +35,7 @@ def run_cli(argv, capsys):
          "hparams.actor_lr: a list needs 4 values (one per member), got 2"),
         (["--hparam", "nope=1"], "hparams.nope: unknown hparam (allowed: actor_lr, critic_lr"),
         (["--learner-config", "widths=[3]"],
-         "learner_config.widths: unknown key (allowed: hidden, batch_size, fixed_policy_delay)"),
+         "learner_config.widths: unknown key (allowed: hidden, fixed_policy_delay)"),
         (["--set", "colour=red"], "colour: unknown option (allowed: learner, env"),
         (["--warmup", "5000", "--steps", "1000"], "warmup_steps: 5000 leaves no training"),
         (["--parallel", "mpi"], "parallel: 'mpi' unknown (allowed: sharding, pmap)"),

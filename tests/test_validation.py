@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import popjax
 from popjax import cli
-from popjax.config import RunConfig, check_memory, make_config, memory_estimate
+from popjax.config import RunConfig, check_memory, make_config, make_learner_config, memory_estimate
 from popjax.drivers import DRIVERS
 from popjax.learners import LEARNERS
 from popjax.population.hparams import hparam_bounds
@@ -276,6 +276,7 @@ def test_bad_input_is_one_line_naming_the_field_and_nothing_is_written(case, var
     ({"search_space": {"actor_lr": {"low": 1e-4, "high": 1e-3, "lg": True}}},
      "search_space.actor_lr.lg: unknown key (allowed: low, high, log, integer)"),
     ({"hparams": {"actor_lr": [1e-3, 1e-3, -1, 1e-3]}}, "hparams.actor_lr[2]: must lie in (0, 1], got -1.0"),
+    ({"learner_config": {"widths": [3]}}, "learner_config.widths: unknown key (allowed: hidden, fixed_policy_delay)"),
 ])
 def test_messages_say_the_field_the_problem_and_what_is_allowed(options, message):
     with pytest.raises(ConfigError) as err:
@@ -536,3 +537,19 @@ def test_random_valid_configs_build(options):
     loop = build(config)  # env, learner, hparams, driver and loop; nothing is compiled yet
     assert loop.config == config and loop.members.size == config.pop_size
     assert make_config(**config.to_dict()) == config
+
+
+@pytest.mark.parametrize("learner", list(LEARNERS))
+def test_every_key_the_learner_config_message_allows_is_accepted(learner):
+    """The unknown-key message lists what learner_config really takes: no run option (batch_size) that
+    would then be refused as set by the run (issue 29, item 8)."""
+    with pytest.raises(ConfigError) as err:
+        make_config(learner=learner, learner_config={"no_such_key": 1})
+    line = str(err.value)
+    assert line.startswith("learner_config.no_such_key: unknown key (allowed: "), line
+    allowed = line.split("(allowed: ", 1)[1].rstrip(")").split(", ")
+    defaults = make_learner_config(make_config(learner=learner))
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    for key in allowed:
+        assert key not in run_fields, line
+        make_config(learner=learner, learner_config={key: getattr(defaults, key)})  # accepted
