@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -133,7 +134,8 @@ class RunConfig:
         default_factory=dict, description="options of each driver; written as a block named after the driver",
         json_schema_extra={"allowed": "{driver: {key: value}} (listed below)"})
     devices: Int(ge=1, le=4_096) = Field(
-        1, description="devices the population is split over; pop_size must be a multiple")
+        1, description="devices the population is split over; pop_size must be a multiple (a run over several "
+        "processes: every device of the job, when not given)")
     parallel: OneOf(PARALLEL_MODES) = Field("sharding", description="how --devices splits the population")
     overlap: Bool = Field(False, description="gym path: step the envs of iteration t+1 while the update of iteration t "
                                              "runs (one iteration of policy lag, deterministic)")
@@ -309,14 +311,31 @@ def check_options(options: Mapping[str, Any]) -> None:
             schema.convert(AnyMapping("a mapping of options {key: value}"), options[name], at=(name,))
 
 
+def _job_devices() -> int | None:
+    """Every device of the job when this process joined a job of several processes (``jax.distributed``),
+    else None. Never imports JAX: a process that has not imported it has joined no job."""
+    if "jax" not in sys.modules:
+        return None
+    from popjax import distributed
+
+    if distributed.processes() == 1:
+        return None
+    import jax
+
+    return jax.device_count()
+
+
 def make_config(**options: Any) -> RunConfig:
     """Builds and validates a RunConfig from keyword options (as from the API, CLI or YAML).
 
     An option named after a registered driver (``pbt={...}``) is that driver's options block. An
-    option left out takes its default; one given as ``None`` (an empty or null YAML value) is refused:
+    option left out takes its default (``devices``, in a run over several processes: every device of the
+    job, which such a run must use); one given as ``None`` (an empty or null YAML value) is refused:
     a user who wrote the key meant something.
     """
     check_options(options)
+    if "devices" not in options and (job_devices := _job_devices()) is not None:
+        options = {**options, "devices": job_devices}  # a run over several processes uses every device of the job
     fields = [f.name for f in dataclasses.fields(RunConfig)]
     values = {name: value for name, value in options.items() if name in fields}
     blocks = {name: value for name, value in options.items() if name not in fields}

@@ -248,7 +248,7 @@ def _check_processes(config: RunConfig) -> None:
     if distributed.processes() > 1:
         if config.devices != jax.device_count():
             raise ConfigError(f"devices: a run over {distributed.processes()} processes uses every device of the job: "
-                              f"set devices to {jax.device_count()} (got {config.devices})")
+                              f"set devices to {jax.device_count()}, or leave it out (got {config.devices})")
         if config.overlap:
             raise ConfigError("overlap: not available in a run over several processes")
 

@@ -195,3 +195,40 @@ def test_a_process_whose_peers_never_join_stops(tmp_path):
     log = log_of(tmp_path, 0, "train")
     assert "joining the job at 127.0.0.1" in log and "Terminating process" in log, log[-2000:]
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def readme_job_commands() -> tuple[dict[str, str], list[str]]:
+    """The README's two-process example ("Many machines"): its environment assignments and the argv of
+    ``popjax train`` with ``$i`` left in, as written."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Many machines", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    body = block.split(" do\n", 1)[1].split("&\ndone", 1)[0]
+    words = body.replace("\\\n", " ").split()
+    env = {}
+    while "=" in words[0] and not words[0].startswith("-"):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    assert words[:2] == ["popjax", "train"], words
+    return env, words
+
+
+def test_the_readme_two_process_example_runs_as_written(tmp_path):
+    env, words = readme_job_commands()
+    assert "--devices" not in words  # the job's devices are the default
+    port = free_local_port()
+    budget = ["--steps", "400", "--warmup", "100", "--eval-interval", "200", "--eval-episodes", "1",
+              "--batch-size", "32", "--buffer-size", "1000", "--rollout-len", "20", "--timeout", "30"]  # last wins
+    procs = []
+    for i in (0, 1):
+        argv = [w.replace("$i", str(i)).replace("127.0.0.1:29500", f"127.0.0.1:{port}")
+                .replace("runs/pbt-two-processes", str(tmp_path / "run")) for w in words]
+        log = open(tmp_path / f"process{i}.readme.log", "w")  # noqa: SIM115 - closed with the process
+        procs.append(subprocess.Popen([sys.executable, "-m", *argv, *budget], stdout=log, stderr=subprocess.STDOUT,
+                                      env=dict(_env(), **env), cwd=tmp_path))
+    codes = finish(procs, tmp_path, "readme")
+    assert codes == [0, 0], f"{codes}\n{log_of(tmp_path, 0, 'readme')[-3000:]}\n{log_of(tmp_path, 1, 'readme')[-3000:]}"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert len(summary["final_returns"]) == 4
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert "devices: 4" in config, config

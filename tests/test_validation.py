@@ -553,3 +553,17 @@ def test_every_key_the_learner_config_message_allows_is_accepted(learner):
     for key in allowed:
         assert key not in run_fields, line
         make_config(learner=learner, learner_config={key: getattr(defaults, key)})  # accepted
+
+
+def test_a_run_over_several_processes_uses_every_device_of_the_job_by_default(monkeypatch):
+    """Issue 29, item 1: no --devices over several processes means every device of the job (the only value
+    allowed there); one process keeps the default 1, and devices given are kept (and checked by build)."""
+    from popjax import distributed
+
+    assert make_config(pop_size=4).devices == 1
+    job = 2 * jax.device_count()  # 2 processes with this process's devices each
+    monkeypatch.setattr(distributed, "processes", lambda: 2)
+    monkeypatch.setattr(jax, "device_count", lambda backend=None: job)
+    assert make_config(pop_size=4 * job).devices == job
+    assert make_config(pop_size=4 * job, devices=1).devices == 1
+    assert make_config(**make_config(pop_size=4 * job).to_dict()).devices == job  # config.yaml keeps it
