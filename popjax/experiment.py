@@ -67,6 +67,9 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
                           f"{spec.describe_actions()}")
     check_memory(config, spec)  # replay buffers and evaluation batch, before anything is allocated
     learner_config = build_learner_config(config, definition)
+    if definition.check_env is not None and (found := definition.check_env(learner_config, spec)) is not None:
+        key, why = found  # an option the env cannot serve: one line now, not a traceback when first traced
+        raise ConfigError(f"learner_config.{key}: {why}")
     try:
         placement = Placement(config.devices, config.parallel)
         if config.overlap:

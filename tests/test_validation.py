@@ -567,3 +567,74 @@ def test_a_run_over_several_processes_uses_every_device_of_the_job_by_default(mo
     assert make_config(pop_size=4 * job).devices == job
     assert make_config(pop_size=4 * job, devices=1).devices == 1
     assert make_config(**make_config(pop_size=4 * job).to_dict()).devices == job  # config.yaml keeps it
+
+
+def _learner_choices() -> list[tuple[str, str, Any, str]]:
+    """(learner, learner_config key, value, probe env): every value of every boolean and choice option of every
+    registered learner (read from its Config schema), on each probe env whose action kind it accepts."""
+    from popjax import schema
+
+    cases = []
+    for name, definition in LEARNERS.items():
+        envs = [env for env, discrete in (("probe:pendulum", False), ("probe:cartpole", True))
+                if definition.action_kind in ("any", "discrete" if discrete else "continuous")]
+        for key, field in schema.schema_fields(definition.config_cls).items():
+            kind = schema.kind_of(field)
+            values = (True, False) if isinstance(kind, schema.Flag) else \
+                kind.allowed() if isinstance(kind, schema.Choice) else ()
+            cases += [(name, key, value, env) for value in values for env in envs]
+    return cases
+
+
+@pytest.mark.parametrize(("learner", "key", "value", "env"), _learner_choices())
+def test_learner_options_fit_the_env_or_are_refused_when_built(learner, key, value, env):
+    """Issue 29, item 4: a learner option that cannot work with the env is refused by ``build`` with one line naming
+    ``learner_config.<key>``, not by a JAX traceback when the networks are first traced. A combination that builds
+    initialises, acts and evaluates on the env's observations (traced abstractly: nothing is compiled)."""
+    from popjax import schema
+    from popjax.envs import registry
+    from popjax.experiment import build
+
+    definition = LEARNERS[learner]
+    tiny = {k: [8] for k, f in schema.schema_fields(definition.config_cls).items()
+            if isinstance(schema.kind_of(f), schema.NumberList)}
+    config = make_config(learner=learner, env=env, pop_size=1, total_env_steps=200, warmup_steps=20,
+                         rollout_len=20, batch_size=8, buffer_size=1_000, learner_config={**tiny, key: value})
+    try:
+        build(config)
+    except ConfigError as err:
+        message = str(err)
+        assert "\n" not in message and message.startswith(f"learner_config.{key}: "), message
+        return
+    spec = registry.env_spec(env)
+    learner_config = make_learner_config(config)
+    made = definition.make(learner_config, spec)
+    hparams = definition.default_hparams(learner_config)
+    key_ = jax.random.key(0)
+    state = jax.eval_shape(made.init, key_, hparams)
+    obs = jax.ShapeDtypeStruct((2, *spec.obs_shape), jax.numpy.float32)
+    jax.eval_shape(made.act, key_, state, obs, hparams)
+    jax.eval_shape(made.policy, state, obs)
+
+
+def test_a_convolutional_torso_on_vector_observations_is_one_line_and_nothing_written(tmp_path, capsys):
+    from popjax.networks.mlp import NatureTorso, nature_torso_problem
+
+    out = tmp_path / "run"
+    code = cli.main(["train", "--learner", "dqn", "--env", "probe:cartpole", "--learner-config", "cnn=true",
+                     "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert err.startswith("popjax: error: learner_config.cnn: ") and "(allowed: false)" in err, err
+    assert not out.exists()
+    # the check is the torso's own limit: smaller frames than 36 x 36 leave it no feature (or fail to trace)
+    torso = NatureTorso()
+    for shape, fits in (((84, 84, 4), True), ((36, 36, 1), True), ((35, 84, 4), False), ((84, 84), False)):
+        assert (nature_torso_problem(shape) is None) == fits, shape
+        try:
+            obs = jax.ShapeDtypeStruct((1, *shape), "float32")
+            params = jax.eval_shape(torso.init, jax.random.key(0), obs)
+            features = jax.eval_shape(torso.apply, params, obs).shape[-1]
+        except (ValueError, TypeError, ZeroDivisionError):  # rank or size the convolutions cannot take
+            features = 0
+        assert (features > 0) == fits, shape

@@ -180,6 +180,10 @@ class LearnerDef:
     # (config, spec, actors, diversity=None, device_axis=None) -> a ``PopulationLearner`` whose actors share one
     # critic (TD3's, for the cemrl and dvd drivers); None: the learner offers no shared-critic population.
     shared_critic: Callable[..., Any] | None = None
+    # (config, spec) -> (learner_config key, problem) | None: what the learner's options cannot do with the env,
+    # read from its spec when the run is built (a convolutional torso on vector observations), so the run is
+    # refused with one line instead of failing when its networks are first traced. None: every spec fits.
+    check_env: Callable[[Any, EnvSpec], tuple[str, str] | None] | None = None
 
     @property
     def on_policy(self) -> bool:

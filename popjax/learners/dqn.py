@@ -38,7 +38,7 @@ from popjax.learners.base import (
     scalar,
     select,
 )
-from popjax.networks.mlp import QNetwork
+from popjax.networks.mlp import QNetwork, check_cnn
 from popjax.population.hparams import hparam
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.types import EnvSpec, Key, PyTree, Transition
@@ -175,4 +175,5 @@ DEFINITION = LearnerDef(
     make=make_dqn,
     default_hparams=default_hparams,
     action_kind="discrete",
+    check_env=check_cnn,
 )

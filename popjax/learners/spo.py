@@ -61,7 +61,7 @@ from popjax.learners.base import (
     init_actor_critic,
     select,
 )
-from popjax.networks.mlp import DeterministicActor, QNetwork, TwinCritic
+from popjax.networks.mlp import DeterministicActor, QNetwork, TwinCritic, check_cnn
 from popjax.population.hparams import hparam
 from popjax.schema import problem
 from popjax.types import EnvSpec, Key, PyTree, Transition
@@ -349,7 +349,8 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
 
 
 DQN_DEFINITION = LearnerDef(name="spo_dqn", config_cls=SPODQNConfig, hparams_cls=dqn.DQNHParams, make=make_spo_dqn,
-                            default_hparams=dqn.default_hparams, action_kind="discrete", specialize=specialize)
+                            default_hparams=dqn.default_hparams, action_kind="discrete", specialize=specialize,
+                            check_env=check_cnn)
 TD3_DEFINITION = LearnerDef(name="spo_td3", config_cls=SPOTD3Config, hparams_cls=SPOTD3HParams, make=make_spo_td3,
                             default_hparams=default_td3_hparams, action_kind="continuous", specialize=specialize)
 DEFINITIONS = (DQN_DEFINITION, TD3_DEFINITION)

@@ -7,6 +7,7 @@ over the member axis without any special handling.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -77,6 +78,25 @@ class NatureTorso(nn.Module):
         x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID")(x))
         x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID")(x))
         return x.reshape(x.shape[:-3] + (-1,))
+
+
+NATURE_TORSO_MIN_SIZE = 36  # the smallest frame side the torso's three VALID convolutions leave a pixel of
+
+
+def nature_torso_problem(obs_shape: tuple[int, ...]) -> str | None:
+    """Why ``NatureTorso`` cannot read observations of ``obs_shape`` (one per env step), or None when it can:
+    it convolves frames [height, width, channels] of at least 36 x 36."""
+    if len(obs_shape) == 3 and min(obs_shape[:2]) >= NATURE_TORSO_MIN_SIZE:
+        return None
+    return (f"the convolutional (Nature CNN) torso needs image observations [height, width, channels] of at least "
+            f"{NATURE_TORSO_MIN_SIZE} x {NATURE_TORSO_MIN_SIZE}, got observations of shape {tuple(obs_shape)}")
+
+
+def check_cnn(config: Any, spec: Any) -> tuple[str, str] | None:
+    """``LearnerDef.check_env`` of a learner whose ``cnn`` option puts ``NatureTorso`` before its Q-network."""
+    if config.cnn and (why := nature_torso_problem(spec.obs_shape)) is not None:
+        return "cnn", f"{why} (allowed: false)"
+    return None
 
 
 class QNetwork(nn.Module):
