@@ -34,7 +34,22 @@ class _Parser(argparse.ArgumentParser):
     refusal = None  # optional one-line reason: any use of this command (--help too) prints it and exits 2
 
     def error(self, message):  # argparse's own usage errors: one line, exit 2
+        listing = self._missing_choice(str(message))
+        if listing is not None:  # `popjax` / `popjax bench` alone: what exists, then exit 2 (a usage error)
+            self.exit(2, listing)
         self.exit(2, f"popjax: error: {' '.join(str(message).split())}\n")
+
+    def _missing_choice(self, message: str) -> str | None:
+        """For a missing sub-command (``popjax`` or ``popjax bench`` alone): one error line naming what is
+        allowed, then each choice with its one-line help; None for any other error."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and action.dest in message.split(": ", 1)[-1].split(", "):
+                names = [choice.dest for choice in action._choices_actions]
+                width = max(map(len, names), default=0)
+                rows = "".join(f"  {choice.dest:<{width}}  {choice.help or ''}\n" for choice in action._choices_actions)
+                return (f"{self.prog}: error: {action.dest}: missing (allowed: {', '.join(names)})\n{rows}"
+                        f"see {self.prog} <{action.dest}> --help\n")
+        return None
 
     def parse_known_args(self, args=None, namespace=None):
         if self.refusal is not None:
@@ -133,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", type=_key_value, default=[], metavar="OPTION=VALUE",
                        help="any other option, e.g. tensorboard=true or pbt={interval: 5000} (repeatable; "
                        "options and driver blocks below)")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     train.add_argument("--preset", default=None, choices=("auto", "none"),
                        help="auto (default): tuned rl-zoo values for known learner/env pairs fill the options not "
                             "given (see popjax/presets.py); none: the library's bare defaults")

@@ -141,7 +141,7 @@ class RunConfig:
                                              "runs (one iteration of policy lag, deterministic)")
     checkpoint_interval: Int(ge=0, le=MAX_STEPS) = Field(
         0, description="env steps per member between checkpoints; 0 = at evaluations only")
-    progress: Bool = Field(True, description="show a progress bar")
+    progress: Bool = Field(True, description="show progress: a bar on a terminal, complete lines in a log or file")
     tensorboard: Bool = Field(False, description="also write every metric to <run_dir>/tensorboard/")
 
     @model_validator(mode="after")

@@ -82,7 +82,7 @@ def fake_memory():
 @pytest.fixture(scope="module")
 def update_json(out, fake_memory):
     impls = ("vmap", "vmap_scan", "jax_seq") + (("torch_seq",) if tr.available() else ())
-    update.run(learners=("td3",), pops=(2,), impls=impls, batch_size=8, k=2, out_dir=out, **TINY)
+    update.run(learners=("td3",), pops=(2,), impls=impls, batch_size=8, k=2, out_dir=out, memory_fit=True, **TINY)
     return load(out / "update.json")
 
 

@@ -50,7 +50,7 @@ def positive(x) -> bool:
 def test_update_over_two_processes_against_one(tmp_path):
     argv = [sys.executable, "-m", "popjax", "bench", "update", "--learner", "td3", "--pop", "4", "--processes", "2",
             "--impl", "vmap", "--hidden", "8,8", "--batch-size", "8", "--repeats", "10", "--min-time", "0",
-            "--allow-busy", "--no-memory-fit", "--out", str(tmp_path)]
+            "--allow-busy", "--out", str(tmp_path)]
     done = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=LIMIT_S, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((tmp_path / "update.json").read_text())

@@ -158,3 +158,65 @@ def test_bench_without_the_benchmarks_distribution_is_one_line(argv, monkeypatch
     assert captured.out == "" and captured.err == f"popjax bench: error: {cli.BENCH_MISSING}\n"
     assert "pip install -e benchmarks" in captured.err
     assert cli.main(["plot", "--help"]) == 0  # the other commands are unaffected
+
+
+# --- issue 29, item 6: commands that did nothing and said nothing ---------------------------------------------
+def test_popjax_alone_lists_the_commands_and_exits_2(capsys):
+    """A missing command is a usage error (argparse's exit 2), but the message lists every command with its help."""
+    assert cli.main([]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == ""
+    assert lines[0] == "popjax: error: command: missing (allowed: train, resume, plot, export, bench)"
+    for command, help_start in [("train", "train a population"), ("resume", "continue a killed"),
+                                ("plot", "(re)draw the plots"), ("export", "write a member's actor"),
+                                ("bench", "speed benchmarks")]:
+        assert any(line.split()[:1] == [command] and help_start in line for line in lines[1:]), (command, lines)
+
+
+def test_popjax_bench_alone_lists_the_studies_and_exits_2(capsys):
+    pytest.importorskip("popjax_bench")
+    import popjax_bench
+
+    assert cli.main(["bench"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"popjax bench: error: study: missing (allowed: {', '.join(popjax_bench.STUDIES)})"
+    for study in popjax_bench.STUDIES:
+        assert any(line.split()[:1] == [study] and popjax_bench._HELP[study][:30] in line for line in lines[1:])
+
+
+def test_a_bench_study_that_times_nothing_exits_1_with_one_line(tmp_path, monkeypatch, capsys):
+    """Every point skipped (here: by the time budget) is a failed run, not a result: exit 1 and one line why."""
+    pytest.importorskip("popjax_bench")
+    import types
+
+    import popjax_bench
+
+    rows = [{"learner": "td3", "impl": "vmap", "pop": n, "devices": 1,
+             "skipped": "estimated 10 timed calls > --max-seconds 1e-06"} for n in (1, 2)]
+    fake = types.SimpleNamespace(main=lambda options: {"study": "update", "results": rows})
+    monkeypatch.setattr(popjax_bench, "_module", lambda study: fake)
+    argv = ["bench", "update", "--learner", "td3", "--pop", "1,2", "--allow-busy", "--no-plot", "--out", str(tmp_path)]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("popjax bench update: error: nothing was timed: all 2 points were skipped (estimated 10")
+    fake.main = lambda options: {"study": "update", "results": []}
+    assert cli.main(argv) == 1
+    assert "nothing was timed: the study produced no rows" in capsys.readouterr().err
+    fake.main = lambda options: {"study": "update", "results": [rows[0], {"pop": 1, "ms_per_pop_step": 1.0}]}
+    assert cli.main(argv) == 0  # one timed point is a result
+
+
+def test_bench_update_memory_fit_is_opt_in():
+    """The memory-fit search (about a minute) runs only with --memory-fit; --no-memory-fit is gone."""
+    pytest.importorskip("popjax_bench")
+    from popjax_bench import update
+    from popjax_bench.options import from_namespace
+
+    parser = cli.build_parser()
+    assert from_namespace(update.Options, parser.parse_args(["bench", "update"])).memory_fit is False
+    assert from_namespace(update.Options, parser.parse_args(["bench", "update", "--memory-fit"])).memory_fit is True
+    assert update.Options().memory_fit is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "update", "--no-memory-fit"])

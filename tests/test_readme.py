@@ -22,7 +22,7 @@ TINY_FLAGS = ["--steps", "300", "--warmup", "100", "--rollout-len", "20", "--eva
               "--learner-config", "hidden=[8, 8]", "--no-progress"]
 # --allow-busy: the test may run beside others (the result is stamped busy instead of refused).
 TINY_BENCH = ["--hidden", "8,8", "--batch-size", "8", "--k", "2", "--repeats", "10", "--min-time", "0",
-              "--impl", "vmap,vmap_scan,jax_seq", "--no-memory-fit", "--allow-busy", "--out", "bench"]
+              "--impl", "vmap,vmap_scan,jax_seq", "--allow-busy", "--out", "bench"]
 
 
 def test_the_quickstart_has_the_commands_this_test_runs():

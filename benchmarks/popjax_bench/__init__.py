@@ -222,4 +222,24 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if study == "report":
         print(f"wrote {result}")
+        return 0
+    why = nothing_timed(result)
+    if why is not None:  # a study that timed nothing is a failed run, not a result: exit 1, one line
+        print(f"popjax bench {study}: error: nothing was timed: {' '.join(why.split())}", file=sys.stderr)
+        return 1
     return 0
+
+
+def nothing_timed(payload) -> str | None:
+    """Why a study's payload holds no timed point (no rows, or every row skipped), or None when it has one."""
+    rows = payload.get("results") if isinstance(payload, dict) else None
+    if rows is None:
+        return None
+    if not rows:
+        return "the study produced no rows (no point matched the options)"
+    skipped = [r for r in rows if isinstance(r, dict) and "skipped" in r]
+    if len(skipped) < len(rows):
+        return None
+    reasons = sorted({str(r["skipped"]) for r in skipped})
+    return (f"all {len(rows)} points were skipped ({reasons[0]}" + (f"; and {len(reasons) - 1} other reason(s)"
+            if len(reasons) > 1 else "") + "); raise --max-seconds or ask for fewer/smaller points")

@@ -253,7 +253,7 @@ def _memory_fit(t, data) -> Judged:
                 found[learner] = fit
                 runs.append(p)
     if not found:
-        return Judged("not measured (no memory-fit search in the update results)", None)
+        return Judged("not measured (no memory-fit search in the update results: `bench update --memory-fit`)", None)
     text = "; ".join(f"{name.upper()}: N = {fit['largest_pop']:,} ({(fit.get('program_bytes') or 0) / 2**30:.2f} of "
                      f"{fit['limit_bytes'] / 2**30:.1f} GiB, {fit['limit_source']})" for name, fit in found.items())
     missing = [name for name in t["learners"] if name not in found]
