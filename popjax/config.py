@@ -382,7 +382,6 @@ def memory_estimate(config: RunConfig, spec) -> dict[str, int]:
 
     obs = 4 * math.prod(spec.obs_shape)
     row = 2 * obs + 4 * max(1, spec.action_dim) + 8  # obs, next_obs, action, reward, terminated
-
     row += SOURCES[config.buffer].row_bytes  # what the source keeps per row beyond the transition
     rows = replay_transitions(config) + config.pop_size * config.steps_per_iter
     per_env = (2 * obs + JAX_ENV_BYTES) if is_jax_env(config.env) else HOST_ENV_BYTES

@@ -93,10 +93,6 @@ class Learner(NamedTuple):
     maintain: Periodic | None = None
     shrink: ReplayShrink | None = None
 
-    @property
-    def on_policy(self) -> bool:
-        return isinstance(self.step, RolloutStep)
-
 
 def replay_step(update: Callable, **options) -> ReplayStep:
     """A ``ReplayStep`` of chunk 1 from a one-step ``update(key, state, batch, weights [B] | None, hparams) ->
