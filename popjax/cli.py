@@ -426,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"popjax: error: {err}", file=sys.stderr)
             return 2
         raise
+    except OSError as err:  # the file system failed a write (read-only, full, a file in the way): one line
+        kept = "; the last checkpoint is kept: `popjax resume` continues once this is fixed" \
+            if args.command in ("train", "resume") else ""
+        print(f"popjax: error: {err.filename or 'file system'}: {err.strerror or err}{kept}", file=sys.stderr)
+        return 1
     return 0
 
 
