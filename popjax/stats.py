@@ -294,3 +294,20 @@ def normalize(raw, low, high) -> np.ndarray:
     if np.any(high == low):
         raise ValueError("high: equals low for some task; a reference needs two different scores")
     return (np.asarray(raw, dtype=float) - low) / (high - low)
+
+
+def population_iqm(values, reps: int = 10_000, level: float = 0.95, seed: int = 0) -> dict:
+    """The IQM of a population's members' scores with its bootstrap interval over members (summary.json's
+    ``final_iqm``): ``iqm``, ``ci`` ([low, high]; None with fewer than 4 members, whose ``values`` then stand
+    instead), ``n``, ``level``, ``reps``, ``seed``. Non-finite scores (a diverged member) give ``iqm`` None."""
+    v = np.asarray(values, dtype=float).ravel()
+    out = {"n": int(v.size), "iqm": None, "ci": None, "level": level, "reps": reps, "seed": seed}
+    if v.size == 0 or not np.isfinite(v).all():
+        return out
+    out["iqm"] = iqm(v)
+    if v.size >= MIN_BOOTSTRAP_SEEDS:
+        ci = stratified_ci(v, "iqm", reps, level, seed)
+        out["ci"] = [ci.low, ci.high]
+    else:
+        out["values"] = v.tolist()
+    return out
