@@ -3,6 +3,8 @@ every figure of the table is computed by hand): values, alignment, bad input, an
 
 import csv
 import json
+import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -173,3 +175,23 @@ def test_export_returns_round_trips_through_the_marl_eval_layout(tmp_path, monke
     with pytest.raises(ValueError, match="steps differ"):
         comparison.read_marl_eval(tmp_path / "broken.json")
     assert snapshot(path) == before
+
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+SECTION = README[README.index("## Comparing runs"):README.index("## Benchmarks")]
+
+
+def test_the_readme_compare_command_runs_on_three_runs(tmp_path, monkeypatch, capsys):
+    commands = [shlex.split(line) for line in re.search(r"```bash\n(.*?)```", SECTION, re.S).group(1).splitlines()]
+    assert [c[:2] for c in commands] == [["popjax", "compare"], ["popjax", "export-returns"]]
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    for path in commands[0][2:5]:  # the README's three run directories, with a learner and seed each
+        learner, seed = Path(path).name.split("-s")
+        fake_run(path, rng.normal(-300, 50, (4, 3)).cumsum(1) * -0.5, learner=learner, seed=int(seed))
+    assert cli.main(commands[0][1:]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split()[:3] == ["group", "n", "IQM"] and "td3    8" in out and "sac    4" in out
+    assert {p.name for p in Path("runs/compare").iterdir()} >= {"compare.json", "curves_env_steps.png",
+                                                                "profile.png", "improvement.png"}
+    assert cli.main(commands[1][1:]) == 0 and Path(commands[1][-1]).exists()
