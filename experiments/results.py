@@ -206,10 +206,15 @@ def spo_base(summary: dict, c: dict) -> dict:
 
 @table
 def spo_cartpole() -> list[str]:
-    summary = load("spo_cartpole/results.json")["summary"]
+    return spo_cartpole_table(load("spo_cartpole/results.json")["summary"])
+
+
+def spo_cartpole_table(summary: dict) -> list[str]:
+    """The per-seed table of an SPO-DQN sweep (``experiments/spo_cartpole.py`` prints it too)."""
+    n = len(next(iter(summary["configs"].values()))["auc"])
     rows = [[name, 256 // c["replicas"], seeds(c["auc"]), mean_sd(c["auc"]), *spo_ratio_cells(c, spo_base(summary, c)),
              ", ".join(k(u) for u in c["updates_to_threshold"])] for name, c in spo_configs(summary)]
-    return md(["R x H (n = 3)", "b", "AUC per seed", "AUC mean ± SD", "ratio to R = 1 (same H)",
+    return md([f"R x H (n = {n})", "b", "AUC per seed", "AUC mean ± SD", "ratio to R = 1 (same H)",
                "per-seed ratio min-max", "95 % paired bootstrap of ratio", "updates to 475 (per seed)"], rows)
 
 
@@ -225,8 +230,9 @@ def spo_cartpole_10seeds() -> list[str]:
                "95 % paired bootstrap of ratio", "seeds reaching 475 (median updates)"], rows)
 
 
-def per_delay(path: str) -> list[str]:
-    configs = sorted(load(path)["summary"]["configs"].values(), key=lambda c: c["delay"])
+def per_delay_table(summary: dict) -> list[str]:
+    """The table of a priority-write-delay sweep (``experiments/per_delay_cartpole.py`` prints it too)."""
+    configs = sorted(summary["configs"].values(), key=lambda c: c["delay"])
     base = configs[0]
     rows = [[c["delay"], seeds(c["final_returns"]), mean_sd(c["final_returns"]),
              "-" if c is base else num(c["final_mean"] / base["final_mean"], 2),
@@ -238,23 +244,24 @@ def per_delay(path: str) -> list[str]:
 
 @table
 def per_delay_cartpole() -> list[str]:
-    return per_delay("per_delay_cartpole/results.json")
+    return per_delay_table(load("per_delay_cartpole/results.json")["summary"])
 
 
 @table
 def per_delay_cartpole_10seeds() -> list[str]:
-    return per_delay("per_delay_cartpole/results_10seeds.json")
+    return per_delay_table(load("per_delay_cartpole/results_10seeds.json")["summary"])
 
 
 SPO_PENDULUM = {"two_phase": "SPO-TD3 two-phase (R = 2, H = 10)", "naive": "SPO-TD3 naive (R = 2, H = 10)",
                 "td3": "TD3 (tau 0.005, delay 2)"}
 
 
-def spo_pendulum_rows(path: str, per_seed: bool) -> list[list[str]]:
-    configs = load(path)["summary"]["configs"]
+def spo_pendulum_rows(summary: dict, per_seed: bool) -> list[list[str]]:
     rows = []
     for name, label in SPO_PENDULUM.items():
-        c = configs[name]
+        if name not in summary["configs"]:
+            continue
+        c = summary["configs"][name]
         n = len(c["final_returns"])
         finite = "yes" if c["all_finite"] else "no"
         finite += "" if per_seed else f" ({sum(not cols for cols in c['non_finite_columns'])} / {n})"
@@ -268,15 +275,21 @@ def spo_pendulum_rows(path: str, per_seed: bool) -> list[list[str]]:
 
 @table
 def spo_pendulum() -> list[str]:
-    return md(["configuration (n = 3)", "final return per seed", "final mean ± SD", "mean of last 5 evals",
+    return spo_pendulum_table(load("spo_pendulum/results.json")["summary"])
+
+
+def spo_pendulum_table(summary: dict) -> list[str]:
+    """The per-seed table of the SPO-TD3 study (``experiments/spo_pendulum.py`` prints it too)."""
+    n = len(next(iter(summary["configs"].values()))["final_returns"])
+    return md([f"configuration (n = {n})", "final return per seed", "final mean ± SD", "mean of last 5 evals",
                "best (any seed, any eval)", "best per seed", "logged Q mean min..max", "all finite", "wall s"],
-              spo_pendulum_rows("spo_pendulum/results.json", True))
+              spo_pendulum_rows(summary, True))
 
 
 @table
 def spo_pendulum_10seeds() -> list[str]:
     return md(["configuration (n = 10)", "final mean ± SD", "mean of last 5 evals", "best", "logged Q mean min..max",
-               "all finite", "wall s"], spo_pendulum_rows("spo_pendulum/results_10seeds.json", False))
+               "all finite", "wall s"], spo_pendulum_rows(load("spo_pendulum/results_10seeds.json")["summary"], False))
 
 
 # --- HTS-RL and PPO + PBT --------------------------------------------------------------------------------------
@@ -347,7 +360,12 @@ def rlx2_s1() -> list[str]:
 
 @table
 def rlx2_s2() -> list[str]:
-    configs = load("rlx2_pendulum/s2.json")["summary"]["configs"]
+    return rlx2_table(load("rlx2_pendulum/s2.json")["summary"])
+
+
+def rlx2_table(summary: dict) -> list[str]:
+    """The table of an RLx2 sweep with its costs (``experiments/rlx2_pendulum.py`` prints it too)."""
+    configs = summary["configs"]
     rows = [[RLX2[name], *rlx2_cells(c), num(c["normalised"], 3), MASKS[c["exact_masks"]],
              "1x" if name == "dense" else reduction(c, "size_reduction"),
              "1x" if name == "dense" else reduction(c, "train_flops_reduction"), num(c["total_s"])]
