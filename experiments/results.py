@@ -87,10 +87,15 @@ def shared_critic() -> list[str]:
     rows = [[r["pop"], num(r["vectorized_step_s"] * 1e3, 2), num(r["sequential_step_s"] * 1e3, 2),
              num(r["sequential_loop_step_s"] * 1e3, 2), num(r["speedup_vs_sequential"], 2),
              f"{num(r['vectorized_gflop_per_step'], 2)} / {num(r['sequential_gflop_per_step'], 2)}",
-             num(r["vectorized_gflops_per_s"], 0)] for r in data["results"]]
-    return md(["N", "vectorized ms/step", "sequential (1 program)", "sequential (loop of jitted calls)",
-               "vectorized speed-up vs sequential", "GFLOP/step vectorized / sequential",
-               "vectorized GFLOP/s"], rows)
+             f"{num(r['vectorized_gflops_per_s'])} / {num(r['sequential_gflops_per_s'])}"] for r in data["results"]]
+    params = data["params"]
+    when = (f"_Measured {data['started_utc']}: pops {seeds(params['pops'])}, hidden {tuple(params['hidden'])}, "
+            f"B {params['batch_size']} per member, K = {params['k']}; load average {data['load_before'][0]} before, "
+            f"{data['load_after'][0]} after; {'busy' if data['busy'] else 'not busy'}. ms per step: median of at "
+            f"least {min(r['vectorized_repeats'] for r in data['results'])} timed calls._")
+    return [when, ""] + md(["N", "vectorized ms/step", "sequential (1 program)", "sequential (loop of jitted calls)",
+                            "vectorized speed-up vs sequential", "GFLOP/step vectorized / sequential",
+                            "GFLOP/s vectorized / sequential"], rows)
 
 
 # --- CEM-RL and DvD ----------------------------------------------------------------------------------------
