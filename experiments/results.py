@@ -297,7 +297,80 @@ def spo_pendulum_10seeds() -> list[str]:
                "all finite", "wall s"], spo_pendulum_rows(load("spo_pendulum/results_10seeds.json")["summary"], False))
 
 
+@table
+def spo_scaling() -> list[str]:
+    """S4: the scaling factor of SPO-TD3 at R = 2 against the thesis's Eq. 5.5/5.6 (``popjax bench spo``)."""
+    results = load("spo_scaling/spo_s4.json")["results"]
+    terms = next(r for r in results if r["kind"] == "terms" and r["replicas"] == 2)
+    one = next(r for r in results if r["kind"] == "terms" and r["replicas"] == 1)
+    pick = lambda kind, h, replicas: next(r for r in results if r["kind"] == kind and r.get("local_steps") == h
+                                          and r["replicas"] == replicas)
+    cost = 2 * terms["t_trans_s"] + terms["t_avg_s"]
+    ms = lambda r: f"{num(r['step_s'] * 1e3, 2)} ({num(r['step_iqr_s'] * 1e3, 2)})"
+    rows = []
+    for h in sorted({r["local_steps"] for r in results if "local_steps" in r}):
+        spo, single = pick("spo", h, 2), pick("single", h, 1)
+        shared = 1 / (2 * (1 + cost / (single["step_s"] * h)))
+        rows.append([h, ms(single), ms(pick("sub", h, 2)), ms(spo), ms(pick("dp", h, 2)),
+                     f"**{num(spo['sf_measured'], 3)}**", f"**{num(spo['sf_model'], 3)}**", num(spo["sf_eq55"], 3),
+                     num(shared, 3)])
+    avg_iqr = num(terms["t_avg_iqr_s"] * 1e3, 3)
+    head = (f"Terms at R = 2: **T_avg = {num(terms['t_avg_s'] * 1e3, 3)} ms** (IQR {avg_iqr}), "
+            f"**T_trans = {num(terms['t_trans_s'] * 1e3, 3)} ms** (IQR {num(terms['t_trans_iqr_s'] * 1e3, 3)}), so "
+            f"2 T_trans + T_avg = {num(cost * 1e3, 2)} ms per round (R = 1: T_avg {num(one['t_avg_s'] * 1e3, 3)} ms, "
+            "T_trans 0). ms per update: median (IQR).")
+    return [head, ""] + md(["H", "T_ApeX = T_total, B = 256 (ms/update)", "T^b, b = 128 alone", "T_SPO, R = 2",
+                            "dp, R = 2", "SF measured", "SF Eq. 5.6", "SF Eq. 5.5 (measured T^b)",
+                            "SF shared cores (see below)"], rows)
+
+
 # --- HTS-RL and PPO + PBT --------------------------------------------------------------------------------------
+
+@table
+def hts_determinism() -> list[str]:
+    """H1: the HTS driver's stored values and final parameters against the serial schedule."""
+    data = load("hts_determinism.json")
+    checks = data["checks"]
+    rows = []
+    for learner in dict.fromkeys(r["learner"] for r in data["runs"]):
+        runs = [r for r in data["runs"] if r["learner"] == learner]
+        span = lambda r: f"{min(r['rows_per_call'])}-{max(r['rows_per_call'])}" if len(r["rows_per_call"]) > 1 \
+            else str(r["rows_per_call"][0])
+        serial = next(r for r in runs if r["serial"])
+        threads = [r for r in runs if not r["serial"] and r["control"] is None and r["seed"] == serial["seed"]]
+        other = next(r for r in runs if r["seed"] != serial["seed"])
+        name = learner.upper()
+        rows.append([name, "serial", serial["act_calls"], span(serial), "(reference)"])
+        rows.append([name, " / ".join(str(r["actors"]) for r in threads) + " actors",
+                     " / ".join(str(r["act_calls"]) for r in threads), " / ".join(span(r) for r in threads),
+                     "**" + " / ".join("yes" if checks[f"{learner}: {r['actors']} actors == serial"] else "NO"
+                                       for r in threads) + "**"])
+        rows.append([name, f"seed {other['seed']}, {other['actors']} actors", other["act_calls"], span(other),
+                     "differs (as it must)" if checks[f"{learner}: seed 1 differs"] else "EQUAL"])
+        for control, what in (("keys", "one key per member and call"), ("shape", "each member's available rows alone")):
+            r = next(r for r in runs if r["control"] == control)
+            first = checks[f"{learner}: control {control} first differing segment"]
+            verdict = f"**differs from segment {first}**" if checks[f"{learner}: control {control} breaks equality"] \
+                else "equal"
+            rows.append([name, f"control `{control}` ({what})", r["act_calls"], span(r), verdict])
+    return md(["learner", "run", "act calls", "rows per call", "equal to serial"], rows)
+
+
+@table
+def hts_throughput() -> list[str]:
+    """H2: env steps/s of lock-step and HTS segments with one actor thread (``popjax bench hts``)."""
+    results = [r for r in load(BENCH / "hts.json")["results"] if r["actors"] == 1 and r["learner"] == "sleep"]
+    rows = []
+    for step_time in dict.fromkeys(r["step_time"] for r in results):
+        for alpha in sorted({r["alpha"] for r in results if r["step_time"] == step_time}):
+            lock, hts = (next(r for r in results if (r["step_time"], r["alpha"], r["mode"]) == (step_time, alpha, mode))
+                         for mode in ("lockstep", "hts"))
+            cell = lambda r: f"{num(r['steps_per_s'])} ({num(r['predicted_steps_per_s'])})"
+            ratio = f"{num(hts['steps_per_s'] / lock['steps_per_s'], 2)}x " \
+                    f"({num(hts['predicted_steps_per_s'] / lock['predicted_steps_per_s'], 2)}x)"
+            rows.append([step_time, alpha, cell(lock), cell(hts), ratio])
+    return md(["step time", "alpha", "lock-step", "HTS", "ratio"], rows)
+
 
 @table
 def hts_learning() -> list[str]:
