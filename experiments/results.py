@@ -98,6 +98,30 @@ def shared_critic() -> list[str]:
                             "GFLOP/s vectorized / sequential"], rows)
 
 
+# --- make run ------------------------------------------------------------------------------------------------
+
+@table
+def default_pbt() -> list[str]:
+    """`make run` (experiments/default.yaml): the population's returns per evaluation, from the run's evaluation
+    returns exported with ``popjax export-returns`` (marl-eval layout: one run key per member)."""
+    from popjax.comparison import read_marl_eval
+
+    (curves,) = read_marl_eval(RESULTS / "default_pbt.json").values()
+    returns = np.stack([c[:, 2] for c in curves.values()])  # [members, evaluations]
+    steps, wall = next(iter(curves.values()))[:, 0], next(iter(curves.values()))[:, 1]
+    rows = [[f"{s / 1000:g}k", num(w), num(returns[:, k].mean()), num(stats.iqm(returns[:, k])),
+             num(returns[:, k].max())] for k, (s, w) in enumerate(zip(steps, wall, strict=True))]
+    summary = load("default_pbt_summary.json")
+    final = summary["final_iqm"]
+    line = (f"_{summary['learner']} on {summary['env']}, {summary['driver']}, pop {summary['pop_size']}, seed "
+            f"{summary['seed']}: {num(summary['wall_s'])} s of training + {num(summary['compile_s'])} s compile, "
+            f"{len(summary.get('lineage', []))} exploits; best evaluation {num(summary['best_return'], 1)}; final "
+            f"IQM over members {num(final['iqm'], 1)} (95 % bootstrap CI over the {final['n']} members "
+            f"{num(final['ci'][0], 1)} to {num(final['ci'][1], 1)})._")
+    return [line, ""] + md([f"env steps / member (n = {len(returns)} members)", "wall s (excl. compile)",
+                            "population mean", "IQM", "best member"], rows)
+
+
 # --- CEM-RL and DvD ----------------------------------------------------------------------------------------
 
 CEMRL_NAMES = {"cemrl_vectorized": "CEM-RL vectorized", "cemrl_sequential": "CEM-RL sequential order",
