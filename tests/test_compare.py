@@ -140,18 +140,6 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(three, tmp_path, capsy
     assert "nan (member 0 at env step 200)" in err
 
 
-def test_compare_reads_a_real_run(tmp_path):
-    run = popjax.train(out_dir=tmp_path / "real", learner="td3", env="probe:pendulum", pop_size=4,
-                       total_env_steps=300, warmup_steps=100, rollout_len=50, eval_interval=100, eval_episodes=1,
-                       batch_size=16, buffer_size=1000, learner_config={"hidden": [8, 8]}, progress=False)
-    summary = run.summary["final_iqm"]
-    final = run.summary["final_returns"]
-    assert summary["n"] == 4 and summary["iqm"] == pytest.approx(np.mean(sorted(final)[1:3]))
-    assert summary["ci"][0] <= summary["iqm"] <= summary["ci"][1]
-    result = popjax.compare([run.out_dir], label="name", out=None)
-    assert result.rows[0]["iqm"] == pytest.approx(summary["iqm"]) and result.final_step == 300
-
-
 def test_export_returns_round_trips_through_the_marl_eval_layout(tmp_path, monkeypatch):
     path = fake_run(tmp_path / "run", [[1, 2, 3], [4, 5, 6]])
     before = snapshot(path)
