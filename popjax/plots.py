@@ -238,7 +238,8 @@ def improvement_matrix(names: list[str], matrix, path: Path) -> Path:
     for i in range(len(names)):
         for j in range(len(names)):
             if i != j:
-                ax.text(j, i, f"{matrix[i][j]:.2f}", ha="center", va="center", fontsize=9)
+                ax.text(j, i, f"{matrix[i][j]:.2f}", ha="center", va="center", fontsize=9,
+                        color="white" if abs(matrix[i][j] - 0.5) > 0.3 else "black")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_yticks(range(len(names)), names)
     ax.set_xlabel("Y")
