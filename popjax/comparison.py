@@ -168,6 +168,10 @@ def compare(run_dirs: Sequence[str | Path], label: str | None = None, baseline: 
         raise ConfigError("run_dir: no run directories given (allowed: one or more directories of popjax train)")
     if score not in ("mean", "best"):
         raise ConfigError(f"score: {score!r} (allowed: mean, best)")
+    seen = [Path(p).resolve() for p in run_dirs]
+    twice = next((p for i, p in enumerate(run_dirs) if seen[i] in seen[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"run_dir: {twice} is given twice (each run counts once)")
     runs = [read_run(p) for p in run_dirs]
     label = label or _auto_label(runs)
     groups: dict[str, list[RunData]] = {}
@@ -190,6 +194,9 @@ def compare(run_dirs: Sequence[str | Path], label: str | None = None, baseline: 
     notes = [n for r in runs for n in r.notes]
     if any(u.curve[-1, 0] > final_step for u in units):
         notes.append(f"scores are taken at env step {int(final_step):,}, the last one every run reached")
+    if first_step > final_step:
+        raise ConfigError(f"run_dir: the runs' evaluations do not overlap (one ends at env step {int(final_step):,}, "
+                          f"another starts at {int(first_step):,})")
     grid = np.array(sorted({s for u in units for s in u.curve[:, 0] if first_step <= s <= final_step}))
     matrices = {g: _matrix([u for u in units if u.group == g], envs, grid) for g in groups}
     rows = [_row(g, matrices[g], matrices[baseline], g == baseline, reps, seed) for g in groups]

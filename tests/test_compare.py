@@ -133,7 +133,11 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(three, tmp_path, capsy
     fails(["compare", a, b, "--label", "colour", *out], capsys, tmp_path, "label: 'colour' is not a config key")
     fails(["compare", *out], capsys, tmp_path, "run_dir: no run directories given")
     fails(["compare", b, c, "--label", "learner", "--baseline", "td3", *out], capsys, tmp_path, "baseline: 'td3'")
-    fails(["compare", a, a, *out], capsys, tmp_path, "label: the runs differ in none of")
+    twin = fake_run(tmp_path / "twin", [[0, 1, 1]] * 4)  # the same config as td3's
+    fails(["compare", a, str(twin), *out], capsys, tmp_path, "label: the runs differ in none of")
+    fails(["compare", a, b, a, *out], capsys, tmp_path, "td3 is given twice")
+    late = fake_run(tmp_path / "late", [[1, 2]] * 4, learner="sac", steps=(400, 500), total=500)
+    fails(["compare", a, str(late), *out], capsys, tmp_path, "evaluations do not overlap")
     fails(["compare", a, b, "--out", a], capsys, tmp_path, "compare never writes there")
     nan = fake_run(tmp_path / "nan", [[1, float("nan"), 2]] * 2)
     err = fails(["compare", a, str(nan), *out], capsys, tmp_path, "eval_return: NaN in")
