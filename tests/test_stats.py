@@ -161,3 +161,11 @@ def test_estimators_and_intervals_match_rliable_where_it_installs():
     np.testing.assert_allclose(np.percentile(reps, [2.5, 97.5], axis=0), ci["a"], rtol=1e-12)
     ours = stats.stratified_ci(s, "iqm", reps=1000)  # our own generator: the same interval up to resampling noise
     assert ours.low == pytest.approx(ci["a"][0, 0], abs=0.05) and ours.high == pytest.approx(ci["a"][1, 0], abs=0.05)
+
+
+def test_population_iqm_of_summary_json():
+    four = stats.population_iqm([4.0, 1.0, 3.0, 2.0], reps=500)
+    assert (four["n"], four["iqm"]) == (4, 2.5) and four["ci"][0] <= 2.5 <= four["ci"][1] and "values" not in four
+    three = stats.population_iqm([1.0, 2.0, 6.0])
+    assert (three["iqm"], three["ci"], three["values"]) == (3.0, None, [1.0, 2.0, 6.0])
+    assert stats.population_iqm([1.0, float("nan")])["iqm"] is None  # a diverged member
