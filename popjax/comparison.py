@@ -9,6 +9,7 @@ by a stated reference ``{env: {low, high}}`` or refused.
 
 A run is one independent seed: each member of an ``independent`` run (its members never interact) and each
 whole run directory of any other driver, scored by its population mean (or best member: ``score="best"``).
+For CEM-RL the members are a generation's samples; the CEM mean actor's return (``cem_mean_return``) is not read.
 A run's score at step x is its evaluation return at x; the table's score is at the last env step every run
 reached (a run still in progress cuts the others there, and the report says so).
 
