@@ -63,7 +63,10 @@ def read_run(path: str | Path) -> RunData:
     if not rd.path.is_dir():
         raise ConfigError(f"run_dir: {rd.path} is not a directory")
     config = rd.read_config()  # one-line error when not a run directory
-    rows = rd.read_metrics()
+    rows, unreadable = rd.scan_metrics()
+    if unreadable:  # a comparison never rests on rows it skipped silently
+        more = f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
+        raise ConfigError(f"run_dir: {rd.metrics_path} {unreadable[0]}{more} cannot be read")
     if not rows:
         raise ConfigError(f"run_dir: {rd.path} has no evaluations yet (metrics.csv empty or missing)")
     notes, seen = [], {}

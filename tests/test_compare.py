@@ -142,6 +142,11 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(three, tmp_path, capsy
     nan = fake_run(tmp_path / "nan", [[1, float("nan"), 2]] * 2)
     err = fails(["compare", a, str(nan), *out], capsys, tmp_path, "eval_return: NaN in")
     assert "nan (member 0 at env step 200)" in err
+    damaged = fake_run(tmp_path / "damaged", [[0, 1, 2]] * 4, learner="sac")
+    lines = (damaged / "metrics.csv").read_text().splitlines(keepends=True)
+    (damaged / "metrics.csv").write_text("".join(lines[:3] + ["200,x\n"] + lines[3:]))
+    fails(["compare", a, str(damaged), *out], capsys, tmp_path, "metrics.csv line 4 (2 cells, the header has 5) "
+                                                                "cannot be read")
 
 
 def test_export_returns_round_trips_through_the_marl_eval_layout(tmp_path, monkeypatch):
