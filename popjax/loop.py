@@ -409,9 +409,12 @@ class Loop:
             "final_iqm": stats.population_iqm(final),  # over members, with its bootstrap CI (4+ members)
             **self.driver.host.summary(state),
         }
-        costs = LEARNERS[cfg.learner].costs
-        if costs is not None:
-            summary["costs"] = costs(make_learner_config(cfg), self.runner.spec, fetch(self.driver.host.hparams(state)))
+        definition = LEARNERS[cfg.learner]
+        if definition.costs is not None:
+            summary["costs"] = definition.costs(make_learner_config(cfg), self.runner.spec,
+                                                fetch(self.driver.host.hparams(state)))
+        if definition.counts is not None:
+            summary["counts"] = definition.counts(make_learner_config(cfg), updates)
         return summary
 
 

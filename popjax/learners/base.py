@@ -166,6 +166,9 @@ class LearnerDef:
     # (config, spec, hparams [pop] on the host) -> {name: [value per member]}: the learner's compute and memory
     # costs (RLx2: model sizes and FLOPs against dense), written to summary.json's "costs" and the results table.
     costs: Callable[[Any, EnvSpec, Any], dict[str, list[float]]] | None = None
+    # (config, updates per member) -> {name: count}: what the learner did in that many updates (SAC: policy updates;
+    # MEMR: policy updates, model rollouts, model fits), written to summary.json's "counts". None: nothing to count.
+    counts: Callable[[Any, int], dict[str, int]] | None = None
     # state -> the params of a deterministic MLP actor (``popjax export``); None: nothing to export.
     actor_params: Callable[[Any], PyTree] | None = None
     # Tuned options per env (``popjax.presets`` fills what the user did not give): env -> {option: value}.

@@ -286,4 +286,5 @@ DEFINITION = LearnerDef(
     make=make_sac,
     default_hparams=default_hparams,
     action_kind="continuous",
+    counts=lambda config, updates: {"policy_updates": updates},
 )

@@ -1,0 +1,282 @@
+"""MEMR: maximum-entropy one-step model rollouts with SAC (Zhang 2022 thesis, Ch. 3, Algorithm 2), one member.
+
+Where things live: the member's real transitions D_env are its ordinary replay source (the run's ``buffer``:
+``prioritized`` for MEMR's start states, ``uniform`` for the ablation), so drivers need nothing new; the dynamics
+model, the model-data policy pi_psi, the segmented model buffer D_model and SAC live in the learner state.
+
+One replay step is a **chunk** of H = ``model_update_every x update_ratio`` MEMR steps (one MEMR step per driver
+update, so H env steps' worth of Algorithm 2 at update ratio 1). The driver samples H batches of M = ``batch_size``
+real start transitions (by priority ``p^alpha`` with importance weights, or uniformly) and the chunk
+
+1. fits the ensemble by maximum likelihood on those H x M real transitions (``model_epochs`` passes, one Adam step
+   per batch, NLL weighted by the importance weights): a model fit every ``model_update_every`` env steps;
+2. per step: draws ``a_j ~ pi_phi(.|s_j)``, predicts ``s'_j, r_j`` with the model (one-step rollouts), writes
+   ``(s_j, a_j, r_j, s'_j)`` with the weights ``w_j`` as the next segment of D_model, fits pi_psi on the new
+   ``(s_j, a_j)`` for ``psi_epochs`` Adam steps (online), computes the new priorities by Eq. 3.7 and runs
+   ``policy_updates`` G SAC updates, each on a batch of ``sac_batch`` rows of one segment, the segment's weights
+   in the Q loss only (``sac.sac_core``'s critic loss; the actor and temperature losses are unweighted);
+3. returns the priorities ``p_j = sum_d (a_jd - mu_d(s_j))^2 / (2 sigma_d(s_j)^2)`` as the step's per-sample
+   values, which the prioritized source writes back as ``(p + eps)^alpha`` for the just-sampled rows only.
+
+popjax's choices (the thesis gives none of them): the model type (``popjax.networks.dynamics``), M, G, the epochs,
+the learning rates, that rollouts take the mean of one ensemble member drawn per row and a predicted termination,
+and that the importance weights are normalised by the max over each start-state batch (Alg. 2's ``max w``; one
+batch = one segment). New real rows enter the tree with the largest priority so far (the source's rule), not with
+their Eq. 3.7 priority; the chunk's H batches are drawn before the chunk, so priorities lag by up to H - 1
+samplings (the relaxation ``popjax.drivers.replay`` documents, measured harmless in Ch. 4). With ``start_states:
+uniform`` every step is the same except that start states are uniform and every weight is 1 (same policy updates).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pydantic
+from flax import struct
+from pydantic import Field
+
+from popjax import schema
+from popjax.buffers.segmented import SegmentedState, segmented_init, segmented_sample, segmented_write
+from popjax.config import ConfigError
+from popjax.learners import sac
+from popjax.learners.base import (
+    MUJOCO_V5,
+    BatchSize,
+    Hidden,
+    Learner,
+    LearnerDef,
+    ReplayStep,
+    adam_init,
+    adam_step,
+    scalar,
+)
+from popjax.networks.dynamics import GaussianEnsemble, gaussian_nll, model_nll, predict
+from popjax.networks.mlp import GaussianActor
+from popjax.population.hparams import hparam
+from popjax.population.search_spaces import SEARCH_SPACES
+from popjax.schema import problem
+from popjax.types import EnvSpec, Key, PyTree, Transition, dummy_transition
+
+START_STATES = ("prioritized", "uniform")
+
+
+@schema.dataclass
+class MEMRConfig:
+    hidden: Hidden = Field((256, 256), description="hidden layer sizes of the SAC actor and of each critic")
+    start_states: schema.OneOf(START_STATES) = Field(
+        "prioritized", description="how start states are drawn from the real transitions: prioritized by Eq. 3.7 "
+        "(MEMR; needs buffer: prioritized) or uniform (the ablation; needs buffer: uniform)")
+    ensemble: schema.Int(ge=1, le=64) = Field(5, description="dynamics models in the ensemble")
+    model_hidden: Hidden = Field((128, 128), description="hidden layer sizes of each dynamics model")
+    model_update_every: schema.Int(ge=1, le=1_000_000) = Field(
+        50, description="env steps between two model fits (x update_ratio must divide the updates per iteration)")
+    model_epochs: schema.Int(ge=1, le=1000) = Field(
+        5, description="passes of each model fit over the real transitions sampled since the last fit")
+    psi_hidden: Hidden = Field((64, 64), description="hidden layer sizes of the model-data policy pi_psi")
+    psi_epochs: schema.Int(ge=1, le=1000) = Field(5, description="Adam steps D of pi_psi on each new rollout batch")
+    segments: schema.Int(ge=1, le=1_000_000) = Field(
+        100, description="segments of the model buffer (each holds one batch of M rollouts)")
+    policy_updates: schema.Int(ge=1, le=1000) = Field(1, description="SAC updates G per env step")
+    sac_batch: BatchSize = Field(256, description="model rollouts per SAC update, drawn from one segment")
+    batch_size: BatchSize = Field(256, description="start states M per env step (the run's batch_size)")
+    buffer: str = Field("prioritized", description="the run's buffer")
+    update_ratio: schema.Float(gt=0) = Field(1.0, description="the run's update_ratio")
+
+    @pydantic.model_validator(mode="after")
+    def _check(self):
+        if self.buffer != self.start_states:
+            raise problem(f"{self.start_states} start states are drawn by buffer: {self.start_states}, got buffer: "
+                          f"{self.buffer} (give buffer: {self.start_states}, or start_states: {self.buffer})",
+                          at=("start_states",))
+        if self.segments * self.batch_size < self.sac_batch:
+            raise problem(f"a model buffer of {self.segments} x {self.batch_size} (batch_size) rollouts is smaller "
+                          f"than one SAC batch of {self.sac_batch}", at=("segments",))
+        chunk = self.model_update_every * self.update_ratio
+        if abs(chunk - round(chunk)) > 1e-6 or round(chunk) < 1:
+            raise problem(f"model_update_every x update_ratio must be a whole number of updates, got "
+                          f"{self.model_update_every} x {self.update_ratio}", at=("model_update_every",))
+        return self
+
+    @property
+    def chunk(self) -> int:
+        """Updates (MEMR steps) per model fit."""
+        return round(self.model_update_every * self.update_ratio)
+
+
+@struct.dataclass
+class MEMRHParams(sac.SACHParams):
+    model_lr: jax.Array = hparam("dynamics-model Adam learning rate", gt=0, le=1)
+    psi_lr: jax.Array = hparam("model-data policy pi_psi Adam learning rate", gt=0, le=1)
+
+
+@struct.dataclass
+class Counts:
+    """What MEMR did so far (int32): SAC policy updates, one-step model rollouts, model fits."""
+
+    policy_updates: jax.Array
+    model_rollouts: jax.Array
+    model_fits: jax.Array
+
+
+@struct.dataclass
+class MEMRState:
+    sac: sac.SACState
+    model: PyTree
+    model_opt: PyTree
+    psi: PyTree
+    psi_opt: PyTree
+    rollouts: SegmentedState
+    counts: Counts
+
+
+def default_hparams(config: MEMRConfig | None = None) -> MEMRHParams:
+    base = sac.default_hparams(None)
+    return MEMRHParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, model_lr=scalar(1e-3),
+                       psi_lr=scalar(1e-3))
+
+
+def sac_hparams(hp: MEMRHParams) -> sac.SACHParams:
+    return sac.SACHParams(**{f: getattr(hp, f) for f in sac.SACHParams.__dataclass_fields__})
+
+
+def entropy_priority(action: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
+    """Eq. 3.7 in the spec's multi-dimensional form: ``p = sum_d (a_d - mu_d)^2 / (2 sigma_d^2)``
+    (= -log pi_psi(a|s) - sum_d log(sqrt(2 pi) sigma_d)); >= 0, 0 at the mean."""
+    return jnp.sum(0.5 * ((action - mean) * jnp.exp(-log_std)) ** 2, axis=-1)
+
+
+def memr_core(config: MEMRConfig, spec: EnvSpec):
+    """``(init, act, policy, update)`` of one member; ``update`` is the chunk's ``ReplayStep.update``."""
+    core = sac.sac_core(sac.SACConfig(hidden=config.hidden, batch_size=config.sac_batch), spec)
+    model_net = GaussianEnsemble(config.model_hidden, spec.obs_shape[0] + 1, config.ensemble)
+    psi_net = GaussianActor(config.psi_hidden, spec.action_dim)
+    rows = config.batch_size
+
+    def init(key: Key, hparams: MEMRHParams) -> MEMRState:
+        key_sac, key_model, key_psi = jax.random.split(key, 3)
+        obs = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
+        model = model_net.init(key_model, jnp.zeros((1, spec.obs_shape[0] + spec.action_dim), jnp.float32))
+        psi = psi_net.init(key_psi, obs)
+        zero = jnp.zeros((), jnp.int32)
+        return MEMRState(sac=core.init(key_sac, hparams), model=model, model_opt=adam_init(model), psi=psi,
+                         psi_opt=adam_init(psi),
+                         rollouts=segmented_init(config.segments, rows, dummy_transition(spec)),
+                         counts=Counts(zero, zero, zero))
+
+    def fit_model(state: MEMRState, batches: Transition, weights: jax.Array, hp: MEMRHParams):
+        """``model_epochs`` passes over the chunk's batches ``[H, M]``, one Adam step per batch."""
+        def one(carry, batch):
+            params, opt = carry
+            b, w = batch
+            target = jnp.concatenate([b.next_obs - b.obs, b.reward[:, None]], axis=-1)
+            loss, grads = jax.value_and_grad(lambda p: model_nll(model_net, p, b.obs, b.action, target, b.terminated,
+                                                                 w))(params)
+            return adam_step(params, grads, opt, hp.model_lr), loss
+
+        def epoch(carry, _):
+            return jax.lax.scan(one, carry, (batches, weights))
+
+        (model, model_opt), losses = jax.lax.scan(epoch, (state.model, state.model_opt), None,
+                                                  length=config.model_epochs)
+        counts = state.counts.replace(model_fits=state.counts.model_fits + 1)
+        return state.replace(model=model, model_opt=model_opt, counts=counts), losses[-1].mean() / config.ensemble
+
+    def fit_psi(psi, psi_opt, obs, action, lr):
+        """Online maximum likelihood of pi_psi on the newest model-data pairs."""
+        def loss_fn(p):
+            mean, log_std = psi_net.apply(p, obs)
+            return jnp.mean(gaussian_nll(mean, log_std, action))
+
+        def one(carry, _):
+            p, opt = carry
+            loss, grads = jax.value_and_grad(loss_fn)(p)
+            return adam_step(p, grads, opt, lr), loss
+
+        (psi, psi_opt), losses = jax.lax.scan(one, (psi, psi_opt), None, length=config.psi_epochs)
+        return psi, psi_opt, losses[-1]
+
+    def memr_step(key: Key, state: MEMRState, batch: Transition, weights: jax.Array, hp: MEMRHParams):
+        """One env step's worth of Algorithm 2 on the start transitions ``batch [M]``; also their new priorities."""
+        key_action, key_model, key_sac = jax.random.split(key, 3)
+        obs = batch.obs
+        action, _ = core.sample(key_action, state.sac.actor, obs)
+        next_obs, reward, terminated = predict(model_net, state.model, key_model, obs, action)
+        rollout = Transition(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated)
+        rollouts = segmented_write(state.rollouts, rollout, weights)
+        psi, psi_opt, psi_loss = fit_psi(state.psi, state.psi_opt, obs, action, hp.psi_lr)
+        mean, log_std = psi_net.apply(psi, obs)
+        priority = entropy_priority(action, mean, log_std)
+
+        sac_hp = sac_hparams(hp)
+
+        def policy_update(sac_state, k):
+            k_sample, k_update = jax.random.split(k)
+            model_batch, w, _ = segmented_sample(k_sample, rollouts, config.sac_batch)
+            sac_state, metrics, _ = core.update_weighted(k_update, sac_state, model_batch, w, sac_hp)
+            return sac_state, metrics
+
+        sac_state, metrics = jax.lax.scan(policy_update, state.sac,
+                                          jax.random.split(key_sac, config.policy_updates))
+        counts = state.counts
+        counts = counts.replace(policy_updates=counts.policy_updates + config.policy_updates,
+                                model_rollouts=counts.model_rollouts + rows)
+        state = state.replace(sac=sac_state, psi=psi, psi_opt=psi_opt, rollouts=rollouts, counts=counts)
+        metrics = {**jax.tree.map(jnp.mean, metrics), "psi_nll": psi_loss, "priority": priority.mean(),
+                   "model_reward": reward.mean()}
+        return state, metrics, priority
+
+    def update(keys: Key, state: MEMRState, batches: Transition, weights: jax.Array | None, hp: MEMRHParams):
+        """The chunk: a model fit on its H batches, then H MEMR steps (see the module docstring)."""
+        if weights is None or config.start_states == "uniform":
+            weights = jnp.ones(batches.reward.shape, jnp.float32)
+        state, model_loss = fit_model(state, batches, weights, hp)
+
+        def one(state, x):
+            key, batch, w = x
+            state, metrics, priority = memr_step(key, state, batch, w, hp)
+            return state, (metrics, priority)
+
+        state, (metrics, priorities) = jax.lax.scan(one, state, (keys, batches, weights))
+        metrics = {**jax.tree.map(jnp.mean, metrics), "model_nll": model_loss}
+        return state, metrics, priorities
+
+    return init, core.act, core.policy, update
+
+
+def make_memr(config: MEMRConfig, spec: EnvSpec) -> Learner:
+    init, act, policy, update = memr_core(config, spec)
+    act_ = lambda key, state, obs, hp: act(key, state.sac, obs, hp)
+    policy_ = lambda state, obs: policy(state.sac, obs)
+    return Learner(init=init, act=act_, policy=policy_,
+                   step=ReplayStep(update, chunk=config.chunk, td=config.start_states == "prioritized"))
+
+
+def specialize(config: MEMRConfig, hparams, updates_per_call: int, searched: frozenset[str],
+               exact_chunks: bool = True) -> MEMRConfig:
+    """Checks that the driver's K updates per call are whole model-fit periods (a chunk is MEMR's smallest
+    update: a fit and the steps it serves)."""
+    del hparams, searched, exact_chunks
+    if updates_per_call % config.chunk:
+        raise ConfigError(f"learner_config.model_update_every: x update_ratio ({config.chunk} updates) must divide "
+                          f"the updates per iteration ({updates_per_call}: rollout_len * envs_per_member * "
+                          f"update_ratio), got {config.model_update_every}")
+    return config
+
+
+def counts(config: MEMRConfig, updates: int) -> dict[str, int]:
+    """What ``updates`` MEMR steps did: the state's ``Counts`` (summary.json)."""
+    return {"policy_updates": config.policy_updates * updates, "model_rollouts": config.batch_size * updates,
+            "model_fits": updates // config.chunk}
+
+
+_PRIORITIZED = {"buffer": "prioritized"}  # MEMR's start states; the ablation names buffer: uniform
+PRESETS = {
+    "probe:pendulum": _PRIORITIZED,
+    **{env: {**sac.PRESETS[env], **_PRIORITIZED} for env in ("gym:Pendulum-v1", *(f"gym:{e}" for e in MUJOCO_V5))},
+}
+
+DEFINITION = LearnerDef(
+    name="memr_sac", config_cls=MEMRConfig, hparams_cls=MEMRHParams, make=make_memr,
+    default_hparams=default_hparams, action_kind="continuous", specialize=specialize, counts=counts,
+    search_space=SEARCH_SPACES["sac"], presets=PRESETS,
+)
