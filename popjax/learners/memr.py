@@ -29,6 +29,9 @@ uniform`` every step is the same except that start states are uniform and every 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import pydantic
@@ -145,8 +148,19 @@ def entropy_priority(action: jax.Array, mean: jax.Array, log_std: jax.Array) -> 
     return jnp.sum(0.5 * ((action - mean) * jnp.exp(-log_std)) ** 2, axis=-1)
 
 
-def memr_core(config: MEMRConfig, spec: EnvSpec):
-    """``(init, act, policy, update)`` of one member; ``update`` is the chunk's ``ReplayStep.update``."""
+class MEMRCore(NamedTuple):
+    """MEMR's functions (``make_memr`` builds the learner from them; tests call the pieces)."""
+
+    sac: sac.SACCore
+    model_net: GaussianEnsemble
+    psi_net: GaussianActor
+    init: Callable  # (key, hp) -> MEMRState
+    fit_model: Callable  # (state, batches [H, M], weights [H, M], hp) -> (state, last epoch's mean NLL per model)
+    step: Callable  # (key, state, batch [M], weights [M], hp) -> (state, metrics, priorities [M]): one MEMR step
+    update: Callable  # the chunk: ``ReplayStep.update``
+
+
+def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
     core = sac.sac_core(sac.SACConfig(hidden=config.hidden, batch_size=config.sac_batch), spec)
     model_net = GaussianEnsemble(config.model_hidden, spec.obs_shape[0] + 1, config.ensemble)
     psi_net = GaussianActor(config.psi_hidden, spec.action_dim)
@@ -240,15 +254,14 @@ def memr_core(config: MEMRConfig, spec: EnvSpec):
         metrics = {**jax.tree.map(jnp.mean, metrics), "model_nll": model_loss}
         return state, metrics, priorities
 
-    return init, core.act, core.policy, update
+    return MEMRCore(core, model_net, psi_net, init, fit_model, memr_step, update)
 
 
 def make_memr(config: MEMRConfig, spec: EnvSpec) -> Learner:
-    init, act, policy, update = memr_core(config, spec)
-    act_ = lambda key, state, obs, hp: act(key, state.sac, obs, hp)
-    policy_ = lambda state, obs: policy(state.sac, obs)
-    return Learner(init=init, act=act_, policy=policy_,
-                   step=ReplayStep(update, chunk=config.chunk, td=config.start_states == "prioritized"))
+    core = memr_core(config, spec)
+    return Learner(init=core.init, act=lambda key, state, obs, hp: core.sac.act(key, state.sac, obs, hp),
+                   policy=lambda state, obs: core.sac.policy(state.sac, obs),
+                   step=ReplayStep(core.update, chunk=config.chunk, td=config.start_states == "prioritized"))
 
 
 def specialize(config: MEMRConfig, hparams, updates_per_call: int, searched: frozenset[str],
