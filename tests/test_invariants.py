@@ -97,7 +97,11 @@ LEARNER_CONFIG: dict[str, dict[str, Any]] = {
                  "buffer_min": 50, "buffer_threshold": 1e-9, "buffer_oldest": 16},
     "rlx2_sac": {"dst_interval": 10, "n_step": 2, "n_step_start": 10, "buffer_check_interval": 20,
                  "buffer_min": 50, "buffer_threshold": 1e-9, "buffer_oldest": 16},
+    "memr_sac": {"model_update_every": 5, "segments": 2, "sac_batch": 8, "ensemble": 2, "model_hidden": [8],
+                 "psi_hidden": [8], "model_epochs": 1, "psi_epochs": 1},
 }
+# Run options a learner needs (MEMR's prioritized start states are drawn by the prioritized source).
+LEARNER_RUN: dict[str, dict[str, Any]] = {"memr_sac": {"buffer": "prioritized"}}
 # 2 members, 6 iterations of 5 steps x 2 envs, evaluations (and checkpoints) after iterations 2, 4 and 6.
 RUN = dict(pop_size=2, seed=3, total_env_steps=60, rollout_len=5, envs_per_member=2, eval_interval=20,
            eval_episodes=1, warmup_steps=10, batch_size=8, buffer_size=200, progress=False)
@@ -165,7 +169,8 @@ def run_options(learner: str, driver: str) -> dict[str, Any]:
     """The tiny run of a pair; member m has the values ``candidates(...)[name][m]``."""
     hparams = {name: values[:2] for name, values in candidates(learner, 3).items()}
     options = {**RUN, "learner": learner, "driver": driver, "env": env_for(learner, driver),
-               "learner_config": learner_config(learner), "hparams": hparams, **DRIVER_RUN.get(driver, {})}
+               "learner_config": learner_config(learner), "hparams": hparams, **LEARNER_RUN.get(learner, {}),
+               **DRIVER_RUN.get(driver, {})}
     if driver == "pbt":
         options["pbt"] = pbt_options(learner)
     return options
@@ -180,12 +185,15 @@ def tiny_learner(learner: str, driver: str = "independent"):
 
 def expected_refusal(learner: str, driver: str) -> str | None:
     """The field a driver's refusal of a learner names, or None when it accepts it: a step kind the driver does
-    not train, a shared-critic driver with a learner that offers none, hts with multi-step windows or hooks."""
+    not train, a shared-critic driver with a learner that offers none, a driver without the replay source the learner's
+    run needs (``LEARNER_RUN``), hts with multi-step windows or hooks."""
     definition = LEARNERS[learner]
     if not DRIVERS[driver].accepts_step(definition.step_kind):
         return "driver"
     if driver in SHARED_CRITIC_DRIVERS and definition.shared_critic is None:
         return "learner"
+    if not DRIVERS[driver].accepts_source(LEARNER_RUN.get(learner, {}).get("buffer", "uniform")):
+        return "buffer"
     if driver == "hts" and definition.step_kind is ReplayStep:
         made, _, _ = tiny_learner(learner, "hts")
         if made.step.window > 1 or made.maintain is not None or made.shrink is not None:
