@@ -32,13 +32,20 @@ M = 16
 
 def config(**overrides) -> MEMRConfig:
     base = dict(hidden=(16, 16), model_hidden=(32, 32), psi_hidden=(16,), ensemble=2, segments=4, sac_batch=8,
-                batch_size=M, model_update_every=2, model_epochs=1, psi_epochs=2)
+                batch_size=M, model_update_every=2, model_epochs=1, psi_epochs=2, policy_updates=2)
     return MEMRConfig(**{**base, **overrides})
 
 
 def hparams(**values):
     hp = default_hparams()
     return hp.replace(**{k: jnp.float32(v) for k, v in values.items()})
+
+
+# One learner and its compiled pieces, shared by the tests (compiling dominates their time).
+CORE = memr_core(config(), SPEC)
+INIT = jax.jit(CORE.init)
+UPDATE = jax.jit(CORE.update)
+STEP = jax.jit(CORE.step)
 
 
 # --- a known linear system ----------------------------------------------------------------------------
@@ -66,7 +73,7 @@ def test_model_fit_reduces_held_out_nll_on_a_known_linear_system():
     c = config(model_update_every=8, model_epochs=25, batch_size=64)
     core = memr_core(c, SPEC)
     hp = hparams(model_lr=3e-3)
-    state = core.init(jax.random.key(0), hp)
+    state = jax.jit(core.init)(jax.random.key(0), hp)
     train = linear_batch(jax.random.key(1), (8, 64))  # one fit's H = 8 batches of M = 64 real transitions
     test = linear_batch(jax.random.key(2), (512,))
     before = held_out_nll(core, state.model, test)
@@ -87,7 +94,7 @@ def test_model_fit_reduces_held_out_nll_on_a_known_linear_system():
 
 def test_model_nll_is_the_gaussian_nll_by_hand():
     core = memr_core(config(ensemble=1, model_hidden=(4,)), SPEC)
-    params = core.init(jax.random.key(0), hparams()).model
+    params = core.model_net.init(jax.random.key(0), jnp.zeros((1, 5)))
     batch = linear_batch(jax.random.key(1), (5,))
     target = jnp.concatenate([batch.next_obs - batch.obs, batch.reward[:, None]], -1)
     mean, log_std, logit = core.model_net.apply(params, jnp.concatenate([batch.obs, batch.action], -1))
@@ -169,8 +176,7 @@ def test_m2_only_written_segments_are_sampled():
 
 def test_m2_memr_writes_the_sources_weights_of_its_sampling_distribution():
     """One chunk from a prioritized source: segment h holds batch h's importance weights (N P)^-beta / max w."""
-    c = config(model_update_every=2)
-    learner = make_memr(c, SPEC)
+    c = config()
     buffer = make_prioritized_buffer(64, M)
     real = linear_batch(jax.random.key(3), (64,))
     replay = buffer.add(buffer.init(jax.tree.map(lambda x: x[0], real)), real)
@@ -181,9 +187,8 @@ def test_m2_memr_writes_the_sources_weights_of_its_sampling_distribution():
     for _, info in samples:
         np.testing.assert_allclose(info.weights[0], importance_weights(info.probabilities[0], 64, 0.4), rtol=1e-6)
     assert float(weights.min()) < 0.9
-    state = learner.init(jax.random.key(0), hparams())
-    state, _, priorities = jax.jit(learner.step.update)(jax.random.split(jax.random.key(1), 2), state, batches,
-                                                        weights, hparams())
+    state = INIT(jax.random.key(0), hparams())
+    state, _, priorities = UPDATE(jax.random.split(jax.random.key(1), 2), state, batches, weights, hparams())
     np.testing.assert_array_equal(np.asarray(state.rollouts.weights[:2]), np.asarray(weights))
     np.testing.assert_array_equal(np.asarray(state.rollouts.data.obs[:2]), np.asarray(batches.obs))
     assert priorities.shape == (2, M) and bool(jnp.all(priorities >= 0))
@@ -193,10 +198,8 @@ def test_m2_memr_writes_the_sources_weights_of_its_sampling_distribution():
 
 # --- M3: IS weights enter the Q loss only ---------------------------------------------------------------------
 def test_m3_weights_change_the_q_gradient_never_the_policy_gradient():
-    c = config()
-    core = memr_core(c, SPEC)
-    hp = hparams()
-    state = core.init(jax.random.key(0), hp)
+    core, hp = CORE, hparams()
+    state = INIT(jax.random.key(0), hp)
     batch = linear_batch(jax.random.key(1), (8,))
     y = jnp.linspace(-1.0, 1.0, 8)
     w1, w2 = jnp.ones(8), jnp.linspace(0.1, 1.0, 8)
@@ -214,11 +217,10 @@ def test_m3_weights_change_the_q_gradient_never_the_policy_gradient():
 
 
 def test_m3_in_a_memr_step_the_weights_reach_the_critic_only():
-    core = memr_core(config(policy_updates=2), SPEC)
     hp = hparams()
-    state = core.init(jax.random.key(0), hp)
+    state = INIT(jax.random.key(0), hp)
     batch = linear_batch(jax.random.key(1), (M,))
-    step = jax.jit(lambda w, h: core.step(jax.random.key(2), state, batch, w, h))
+    step = lambda w, h: STEP(jax.random.key(2), state, batch, w, h)
     w1, w2 = jnp.ones(M), jnp.linspace(0.05, 1.0, M)
     frozen = hp.replace(critic_lr=jnp.float32(0.0))
     (a, _, pa), (b, _, pb) = step(w1, frozen), step(w2, frozen)
@@ -232,7 +234,7 @@ def test_uniform_start_states_ignore_the_weights_and_declare_no_priorities():
     c = config(start_states="uniform", buffer="uniform")
     learner = make_memr(c, SPEC)
     assert not learner.step.td and learner.step.chunk == 2
-    state = learner.init(jax.random.key(0), hparams())
+    state = jax.jit(learner.init)(jax.random.key(0), hparams())
     batches = linear_batch(jax.random.key(1), (2, M))
     keys = jax.random.split(jax.random.key(1), 2)
     run = jax.jit(learner.step.update)
@@ -243,31 +245,29 @@ def test_uniform_start_states_ignore_the_weights_and_declare_no_priorities():
 
 
 def test_the_chunk_is_a_model_fit_then_its_steps():
-    c = config(model_update_every=2)
-    core, hp = memr_core(c, SPEC), hparams()
-    state = core.init(jax.random.key(0), hp)
+    core, hp = CORE, hparams()
+    state = INIT(jax.random.key(0), hp)
     batches = linear_batch(jax.random.key(1), (2, M))
     weights = jnp.linspace(0.2, 1.0, 2 * M).reshape(2, M)
     keys = jax.random.split(jax.random.key(4), 2)
-    chunk, _, priorities = jax.jit(core.update)(keys, state, batches, weights, hp)
-    by_hand, _ = core.fit_model(state, batches, weights, hp)
+    chunk, _, priorities = UPDATE(keys, state, batches, weights, hp)
+    by_hand, _ = jax.jit(core.fit_model)(state, batches, weights, hp)
     expected = []
     for h in range(2):
-        by_hand, _, p = core.step(keys[h], by_hand, member(batches, h), weights[h], hp)
+        by_hand, _, p = STEP(keys[h], by_hand, member(batches, h), weights[h], hp)
         expected.append(p)
     assert_trees_close(chunk, by_hand)
     assert_trees_close(priorities, jnp.stack(expected))
 
 
 # --- population, bad input, runs ------------------------------------------------------------------------------
+@pytest.mark.slow  # test_invariants checks vmap == loop for memr_sac in the default selection (unweighted)
 def test_vmapped_population_equals_per_member_loop():
-    c = config()
-    learner = make_memr(c, SPEC)
+    learner = make_memr(config(), SPEC)
     hps = stack([hparams(), hparams(actor_lr=1e-3, model_lr=3e-3), hparams(psi_lr=1e-2, discount=0.9)])
     states = jax.vmap(learner.init)(jax.random.split(jax.random.key(0), 3), hps)
     per_member = [member(states, i) for i in range(3)]
-    run = jax.jit(learner.step.update)
-    v_run = jax.jit(jax.vmap(learner.step.update))
+    run, v_run = UPDATE, jax.jit(jax.vmap(learner.step.update))
     for t in range(2):
         keys = jax.random.split(jax.random.key(10 + t), 6).reshape(3, 2)
         batches = linear_batch(jax.random.key(20 + t), (3, 2, M))
