@@ -18,7 +18,7 @@ return per env step (with fewer policy updates than MBPO; here G = 1 = SAC's rat
 are equal by construction and the policy-update axis is the env-step axis scaled) and prioritized start states beat
 uniform ones. Scores per seed: the mean of the last 3 evaluations (final) and the mean over all evaluations after
 warm-up (area under the curve). Writes experiments/results/memr_pendulum/results.json (per seed curves) and
-experiments/plots/memr_pendulum.png.
+experiments/plots/memr_pendulum.png (``--steps`` other than 20000: ``results_<k>k.json``, ``memr_pendulum_<k>k.png``).
 """
 
 from __future__ import annotations
@@ -117,10 +117,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5, help="members (seeds) of each arm's population")
     parser.add_argument("--out", default="runs/memr_pendulum")
     args = parser.parse_args()
-    results_path = HERE / "results" / "memr_pendulum" / "results.json"
+    suffix = "" if args.steps == 20_000 else f"_{args.steps // 1000}k"
+    results_path = HERE / "results" / "memr_pendulum" / f"results{suffix}.json"
     data = run_sweep(results_path, args.steps, args.configs.split(","), lambda runs: {r["config"] for r in runs},
-                     lambda name: run_config(name, args.steps, args.seeds, Path(args.out) / name), summarize)
-    plot(data["runs"], HERE / "plots" / "memr_pendulum.png", args.steps)
+                     lambda name: run_config(name, args.steps, args.seeds, Path(args.out + suffix) / name), summarize)
+    plot(data["runs"], HERE / "plots" / f"memr_pendulum{suffix}.png", args.steps)
     print(json.dumps(data["summary"], indent=1))
 
 

@@ -502,6 +502,39 @@ def render(text: str) -> str:
     return BLOCK.sub(fill, text)
 
 
+# --- MEMR (issue 25): arms share seeds (member m starts from the same keys in every arm) ---------------------
+MEMR_ARMS = {"sac": "SAC", "memr": "MEMR, prioritized start states", "memr_uniform": "MEMR, uniform start states"}
+MEMR_PAIRS = (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"))
+
+
+@table
+def memr_pendulum() -> list[str]:
+    """Per arm: final return (mean of the last 3 evaluations) per seed, its mean and SD, the mean return over the
+    trained evaluations (area under the curve per env step), and what each member did (summary counts)."""
+    configs = load("memr_pendulum/results.json")["summary"]["configs"]
+    n = len(next(iter(configs.values()))["final"])
+    rows = []
+    for name, label in MEMR_ARMS.items():
+        if name in configs:
+            c = configs[name]
+            counts = c["counts"]
+            rows.append([label, seeds(c["final"]), f"**{mean_sd(c['final'])}**", mean_sd(c["auc"]),
+                         counts["policy_updates"], counts.get("model_rollouts", "-"), counts.get("model_fits", "-"),
+                         num(c["total_s"])])
+    return md([f"arm (n = {n})", "final return per seed", "final mean ± SD", "mean return after warm-up ± SD",
+               "policy updates", "model rollouts", "model fits", "wall s"], rows)
+
+
+@table
+def memr_pendulum_paired() -> list[str]:
+    configs = load("memr_pendulum/results.json")["summary"]["configs"]
+    rows = [[f"{MEMR_ARMS[a]} − {MEMR_ARMS[b]}", _paired_diff(configs[a]["final"], configs[b]["final"]),
+             _paired_diff(configs[a]["auc"], configs[b]["auc"])]
+            for a, b in MEMR_PAIRS if a in configs and b in configs]
+    return md(["difference of means, paired by seed", "final return [95 % CI]", "mean return after warm-up [95 % CI]"],
+              rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a table differs")
