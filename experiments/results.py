@@ -507,11 +507,10 @@ MEMR_ARMS = {"sac": "SAC", "memr": "MEMR, prioritized start states", "memr_unifo
 MEMR_PAIRS = (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"))
 
 
-@table
-def memr_pendulum() -> list[str]:
+def memr_table(path: str) -> list[str]:
     """Per arm: final return (mean of the last 3 evaluations) per seed, its mean and SD, the mean return over the
     trained evaluations (area under the curve per env step), and what each member did (summary counts)."""
-    configs = load("memr_pendulum/results.json")["summary"]["configs"]
+    configs = load(path)["summary"]["configs"]
     n = len(next(iter(configs.values()))["final"])
     rows = []
     for name, label in MEMR_ARMS.items():
@@ -525,14 +524,33 @@ def memr_pendulum() -> list[str]:
                "policy updates", "model rollouts", "model fits", "wall s"], rows)
 
 
-@table
-def memr_pendulum_paired() -> list[str]:
-    configs = load("memr_pendulum/results.json")["summary"]["configs"]
+def memr_paired_table(path: str) -> list[str]:
+    configs = load(path)["summary"]["configs"]
     rows = [[f"{MEMR_ARMS[a]} − {MEMR_ARMS[b]}", _paired_diff(configs[a]["final"], configs[b]["final"]),
              _paired_diff(configs[a]["auc"], configs[b]["auc"])]
             for a, b in MEMR_PAIRS if a in configs and b in configs]
     return md(["difference of means, paired by seed", "final return [95 % CI]", "mean return after warm-up [95 % CI]"],
               rows)
+
+
+@table
+def memr_pendulum() -> list[str]:
+    return memr_table("memr_pendulum/results.json")
+
+
+@table
+def memr_pendulum_paired() -> list[str]:
+    return memr_paired_table("memr_pendulum/results.json")
+
+
+@table
+def memr_pendulum_30k() -> list[str]:
+    return memr_table("memr_pendulum/results_30k.json")
+
+
+@table
+def memr_pendulum_30k_paired() -> list[str]:
+    return memr_paired_table("memr_pendulum/results_30k.json")
 
 
 def main(argv: list[str] | None = None) -> int:

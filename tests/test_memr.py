@@ -18,6 +18,7 @@ from learner_helpers import (
 )
 
 import popjax
+from popjax import cli
 from popjax.buffers.prioritized import importance_weights, make_prioritized_buffer
 from popjax.buffers.segmented import segmented_init, segmented_sample, segmented_write
 from popjax.config import ConfigError, make_config
@@ -334,3 +335,24 @@ def test_a_memr_population_trains_counts_and_resumes_exactly(start_states, tmp_p
     np.testing.assert_array_equal(counts.model_rollouts, 8 * updates)
     np.testing.assert_array_equal(counts.model_fits, updates // 10)
     assert np.isfinite(full.summary["final_returns"]).all()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--learner-config", "ensemble=0"], "learner_config.ensemble: must lie in [1, 64], got 0"),
+    (["--batch-size", "0"], "batch_size: must lie in [1, 1048576], got 0"),
+    (["--set", "per_alpha=1.2"], "per_alpha: must lie in [0, 1], got 1.2"),
+    (["--learner-config", "segments=0"], "learner_config.segments: must lie in [1, 1000000], got 0"),
+    (["--learner-config", "segments=1", "--learner-config", "sac_batch=512"],
+     "learner_config.segments: a model buffer of 1 x 256 (batch_size) rollouts is smaller than one SAC batch of 512"),
+    (["--set", "buffer=uniform"], "learner_config.start_states: prioritized start states are drawn by buffer: "
+                                  "prioritized, got buffer: uniform"),
+    (["--env", "probe:cartpole"], "env: memr_sac needs continuous actions"),
+    (["--learner-config", "model_update_every=30"], "learner_config.model_update_every: x update_ratio (30 updates) "
+                                                    "must divide the updates per iteration (50"),
+])
+def test_cli_refuses_bad_memr_input_in_one_line_with_exit_2(argv, message, capsys, tmp_path):
+    out = tmp_path / "run"
+    code = cli.main(["train", "--learner", "memr_sac", "--out", str(out), "--no-progress", *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and message in err, err
+    assert not out.exists()

@@ -133,12 +133,15 @@ class MEMRState:
 
 
 def default_hparams(config: MEMRConfig | None = None) -> MEMRHParams:
+    """SAC's reference defaults; model and pi_psi learning rates 1e-3 (popjax's choice, as MBPO's model)."""
+    del config
     base = sac.default_hparams(None)
     return MEMRHParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, model_lr=scalar(1e-3),
                        psi_lr=scalar(1e-3))
 
 
 def sac_hparams(hp: MEMRHParams) -> sac.SACHParams:
+    """The SAC part of MEMR's hparams."""
     return sac.SACHParams(**{f: getattr(hp, f) for f in sac.SACHParams.__dataclass_fields__})
 
 
