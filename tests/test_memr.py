@@ -346,7 +346,7 @@ def test_a_memr_population_trains_counts_and_resumes_exactly(start_states, tmp_p
      "learner_config.segments: a model buffer of 1 x 256 (batch_size) rollouts is smaller than one SAC batch of 512"),
     (["--set", "buffer=uniform"], "learner_config.start_states: prioritized start states are drawn by buffer: "
                                   "prioritized, got buffer: uniform"),
-    (["--env", "probe:cartpole"], "env: memr_sac needs continuous actions"),
+    (["--env", "probe:cartpole", "--set", "buffer=prioritized"], "env: memr_sac needs continuous actions"),
     (["--learner-config", "model_update_every=30"], "learner_config.model_update_every: x update_ratio (30 updates) "
                                                     "must divide the updates per iteration (50"),
 ])
