@@ -72,7 +72,7 @@ class MEMRConfig:
     ensemble: schema.Int(ge=1, le=64) = Field(5, description="dynamics models in the ensemble")
     model_hidden: Hidden = Field((128, 128), description="hidden layer sizes of each dynamics model")
     model_update_every: schema.Int(ge=1, le=1_000_000) = Field(
-        50, description="env steps between two model fits (x update_ratio must divide the updates per iteration)")
+        10, description="env steps between two model fits (x update_ratio must divide the updates per iteration)")
     model_epochs: schema.Int(ge=1, le=1000) = Field(
         5, description="passes of each model fit over the real transitions sampled since the last fit")
     psi_hidden: Hidden = Field((64, 64), description="hidden layer sizes of the model-data policy pi_psi")
@@ -87,10 +87,6 @@ class MEMRConfig:
 
     @pydantic.model_validator(mode="after")
     def _check(self):
-        if self.buffer != self.start_states:
-            raise problem(f"{self.start_states} start states are drawn by buffer: {self.start_states}, got buffer: "
-                          f"{self.buffer} (give buffer: {self.start_states}, or start_states: {self.buffer})",
-                          at=("start_states",))
         if self.segments * self.batch_size < self.sac_batch:
             raise problem(f"a model buffer of {self.segments} x {self.batch_size} (batch_size) rollouts is smaller "
                           f"than one SAC batch of {self.sac_batch}", at=("segments",))
@@ -267,6 +263,17 @@ def make_memr(config: MEMRConfig, spec: EnvSpec) -> Learner:
                    step=ReplayStep(core.update, chunk=config.chunk, td=config.start_states == "prioritized"))
 
 
+def check_run(config: MEMRConfig, spec: EnvSpec) -> tuple[str, str] | None:
+    """``LearnerDef.check_env``: the start states must come from the source that draws them (checked when the run
+    is built, so every option alone, and the learner's defaults, stay valid run options)."""
+    del spec
+    if config.buffer != config.start_states:
+        return "start_states", (f"{config.start_states} start states are drawn by buffer: {config.start_states}, got "
+                                f"buffer: {config.buffer} (give buffer: {config.start_states}, or start_states: "
+                                f"{config.buffer})")
+    return None
+
+
 def specialize(config: MEMRConfig, hparams, updates_per_call: int, searched: frozenset[str],
                exact_chunks: bool = True) -> MEMRConfig:
     """Checks that the driver's K updates per call are whole model-fit periods (a chunk is MEMR's smallest
@@ -294,5 +301,5 @@ PRESETS = {
 DEFINITION = LearnerDef(
     name="memr_sac", config_cls=MEMRConfig, hparams_cls=MEMRHParams, make=make_memr,
     default_hparams=default_hparams, action_kind="continuous", specialize=specialize, counts=counts,
-    search_space=SEARCH_SPACES["sac"], presets=PRESETS,
+    check_env=check_run, search_space=SEARCH_SPACES["sac"], presets=PRESETS,
 )
