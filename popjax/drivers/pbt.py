@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Annotated, Any
@@ -48,7 +49,7 @@ from popjax.distributed import fetch
 from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, DriverOptions, run_config
 from popjax.drivers.independent import make_population
 from popjax.learners.base import ReplayStep, RolloutStep
-from popjax.population import tree
+from popjax.population import selection, tree
 from popjax.population.hparams import Range, hparams_table, validate_space
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.registry import LEARNERS
@@ -56,6 +57,9 @@ from popjax.schema import Bool, Float, Int, Invalid, Kind, Number, NumberList, O
 from popjax.types import Key, PyTree
 
 EXPLORE_MODES = ("resample", "perturb")
+SELECTIONS = ("truncation", "sigma")
+PARENTS = ("top", "non_bottom")
+COPIES = ("full", "policy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +75,14 @@ class PBTConfig:
       fitness_window: fitness = mean of the member's last this-many evaluations.
       copy_buffer: losers also copy the parent's replay buffer.
       search_space: ``((name, Range), ...)`` sorted by name: the explored hparams and their priors.
+      selection: ``truncation`` (bottom/top ``quantile``) or ``sigma`` (Isaac Lab's mean ± k·σ rule).
+      threshold_std, threshold_abs: ``sigma``'s k and absolute margin A.
+      parents: ``top`` (the top quantile, or the leaders under ``sigma``) or ``non_bottom`` (every valid member
+        that is not replaced: the fast-PBT release).
+      copy: ``full`` (the whole learner state) or ``policy`` (only ``policy_state``: the release).
+      reset_optimizer: replaced members start the optimizer states of what they copied afresh.
+      policy_state: the learner state's policy fields (dotted paths; ``LearnerDef.policy_state``).
+      optimizer_state: ``((optimizer field, params field), ...)`` of the learner state (``LearnerDef``).
     """
 
     interval: int = 10_000
@@ -81,6 +93,14 @@ class PBTConfig:
     fitness_window: int = 1
     copy_buffer: bool = False
     search_space: tuple[tuple[str, Range], ...] = ()
+    selection: str = "truncation"
+    threshold_std: float = 0.1
+    threshold_abs: float = 0.05
+    parents: str = "top"
+    copy: str = "full"
+    reset_optimizer: bool = False
+    policy_state: tuple[str, ...] = ()
+    optimizer_state: tuple[tuple[str, str], ...] = ()
 
     def num_losers(self, pop_size: int) -> int:
         return int(self.quantile * pop_size)
@@ -91,7 +111,8 @@ class PBTConfig:
 
 
 PBT_KEYS = ("interval", "quantile", "explore", "perturb_factors", "resample_probability", "fitness_window",
-            "copy_buffer", "search_space")
+            "copy_buffer", "search_space", "selection", "threshold_std", "threshold_abs", "parents", "copy",
+            "reset_optimizer")
 
 
 def default_interval(total_env_steps: int, eval_interval: int) -> int:
@@ -117,16 +138,23 @@ class SpaceOrName(Kind):
         raise self.expected(value)
 
 
+# The option is named ``copy`` as in the issue and the papers; pydantic warns that it shadows BaseModel.copy
+# (deprecated; popjax uses model_copy nowhere on options).
+warnings.filterwarnings("ignore", message='Field name "copy" in "PBTOptions" shadows', category=UserWarning)
+
+
 class PBTOptions(DriverOptions):
-    """``pbt`` options (see ``PBTConfig``)."""
+    """``pbt`` options (see ``PBTConfig``). Each release variant names the fast-PBT paper's and release's choice."""
 
     interval: Int(ge=1, le=2**30) | None = Field(
         None, description="env steps per member between two exploit/explore rounds (checked at evaluations)",
         json_schema_extra={"default": "total_env_steps / 10, at least eval_interval"})
     quantile: Float(gt=0, le=0.5) = Field(
-        0.3, description="fraction replaced at the bottom, and the parents' fraction at the top")
+        0.3, description="fraction replaced at the bottom, and the parents' fraction at the top (fast-PBT paper: "
+        "0.3; its release: 0.4 in train_pbt.py)")
     explore: OneOf(EXPLORE_MODES) = Field(
-        "resample", description="new hparams of a replaced member: resample from the prior, or perturb")
+        "resample", description="new hparams of a replaced member: resample from the prior (paper and release), "
+        "or perturb")
     perturb_factors: Annotated[tuple[float, ...], NumberList(
         Number(gt=0), "a non-empty list of positive numbers other than 1", min_len=1)] = Field(
         (0.8, 1.2), description="factors a perturbed hparam is multiplied by")
@@ -138,7 +166,24 @@ class PBTOptions(DriverOptions):
     search_space: Annotated[Any, SpaceOrName()] = Field(
         None, description="the explored hparams and their priors",
         json_schema_extra={"default": "the learner's name (the fast-PBT priors)"})
+    selection: OneOf(SELECTIONS) = Field(
+        "truncation", description="who is replaced: truncation (the bottom quantile), or sigma (Isaac Lab: "
+        "fitness below min(mean - threshold_std * std, mean - threshold_abs); leaders above the mirrored cut)")
+    threshold_std: Float(ge=0, le=100) = Field(0.1, description="sigma selection: k, in population stds "
+                                                                "(Isaac Lab default)")
+    threshold_abs: Float(ge=0) = Field(0.05, description="sigma selection: absolute margin A, in fitness units "
+                                                          "(Isaac Lab default)")
+    parents: OneOf(PARENTS) = Field(
+        "top", description="parents of replaced members: top (the top quantile, or sigma's leaders: the paper) or "
+        "non_bottom (every member not replaced: the fast-PBT release)")
+    copy: OneOf(COPIES) = Field(
+        "full", description="what a replaced member copies: full (learner state: the paper) or policy (the "
+        "policy only, keeping its critic, optimizer and buffer: the fast-PBT release)")
+    reset_optimizer: Bool = Field(
+        False, description="replaced members start the optimizer state of what they copied afresh (the release "
+        "resets the policy's Adam; the paper copies it)")
     _space: dict[str, Range] = PrivateAttr(default_factory=dict)
+    _learner: str = PrivateAttr("")
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo):
@@ -162,16 +207,41 @@ class PBTOptions(DriverOptions):
         elif isinstance(space, str):
             space = SEARCH_SPACES[space]
         self._space = validate_space(space, hparams_cls, at=("search_space",), nested=True)
+        self._learner = config.learner
+        self._check_release_variants(config)
         return self
+
+    def _check_release_variants(self, config) -> None:
+        definition = LEARNERS[config.learner]
+        if self.copy == "policy":
+            if not definition.policy_state:
+                offering = ", ".join(n for n, d in LEARNERS.items() if d.policy_state)
+                raise problem(f"the learner {config.learner} declares no policy state to copy alone "
+                              f"(allowed: full; policy with {offering})", at=("copy",))
+            if getattr(config, "driver", "pbt") != "pbt":  # hts carries behaviour states and segments too
+                raise problem(f"policy copies run under the pbt driver, not {config.driver} (allowed: full)",
+                              at=("copy",))
+            if self.copy_buffer:
+                raise problem("a policy-only copy keeps the member's buffer (allowed: false with copy: policy)",
+                              at=("copy_buffer",))
+        if self.reset_optimizer and not definition.optimizer_state:
+            offering = ", ".join(n for n, d in LEARNERS.items() if d.optimizer_state)
+            raise problem(f"the learner {config.learner} declares no optimizer state (allowed: false; true with "
+                          f"{offering})", at=("reset_optimizer",))
 
     def searched_hparams(self) -> frozenset[str]:
         return frozenset(self._space)
 
     def pbt_config(self) -> PBTConfig:
+        definition = LEARNERS[self._learner]
         return PBTConfig(interval=self.interval, quantile=self.quantile, explore=self.explore,
                          perturb_factors=tuple(float(f) for f in self.perturb_factors),
                          resample_probability=self.resample_probability, fitness_window=self.fitness_window,
-                         copy_buffer=self.copy_buffer, search_space=tuple(sorted(self._space.items())))
+                         copy_buffer=self.copy_buffer, search_space=tuple(sorted(self._space.items())),
+                         selection=self.selection, threshold_std=self.threshold_std,
+                         threshold_abs=self.threshold_abs, parents=self.parents, copy=self.copy,
+                         reset_optimizer=self.reset_optimizer, policy_state=tuple(definition.policy_state),
+                         optimizer_state=tuple(sorted(definition.optimizer_state.items())))
 
 
 def parse_pbt_config(raw: Mapping[str, Any], *, learner: str, hparams_names: tuple[str, ...] = (), pop_size: int,
@@ -236,37 +306,57 @@ def exploit_and_explore(key: Key, states: PyTree, hparams, fitness: jax.Array, c
 
     Args:
       key: PRNG key (parents and exploration).
-      states: the pytree copied from parent to loser, member axis 0 (the learner state, plus
-        the replay buffer when ``config.copy_buffer``).
+      states: the pytree copied from parent to loser, member axis 0: ``{"learner": ..., ...}`` (the carried
+        fields, plus the replay buffer when ``config.copy_buffer``); any pytree with ``copy: full`` and no
+        ``reset_optimizer``.
       hparams: HParams with ``[pop]`` leaves.
       fitness: ``[pop]`` fitness, higher is better; NaN = broken member.
       config: static PBT settings.
 
     Returns:
-      ``(states, hparams, info)``; ``info`` holds ``loser`` (bool ``[pop]``), ``parent`` (int32
-      ``[pop]``, the member itself for non-losers), ``valid`` (bool ``[pop]``) and ``rank``
-      (int32 ``[pop]``, 0 = best).
+      ``(states, hparams, info)``; ``info`` holds ``loser`` (bool ``[pop]``: explored, and copied unless its
+      parent is itself), ``parent`` (int32 ``[pop]``, the member itself for non-losers), ``valid`` (bool ``[pop]``)
+      and ``rank`` (int32 ``[pop]``, 0 = best).
     """
     pop = fitness.shape[0]
-    k = config.num_losers(pop)
-    if not 1 <= k <= pop // 2:
-        raise ValueError(f"int(quantile {config.quantile} x pop {pop}) = {k}; need 1 <= losers <= pop/2")
-    idx = jnp.arange(pop, dtype=jnp.int32)
     fitness = fitness.astype(jnp.float32)
     valid = ~jnp.isnan(fitness) & member_finite(states)
-    score = jnp.where(valid, fitness, -jnp.inf)
-    # Best first: valid before invalid, then higher fitness, then lower member index.
-    order = jnp.lexsort((idx, -score, ~valid)).astype(jnp.int32)
-    rank = jnp.zeros(pop, jnp.int32).at[order].set(idx)
-    loser = (rank >= pop - k) | ~valid
+    order, rank = selection.rank_members(fitness, valid)
+    if config.selection == "sigma":
+        loser, leaders = selection.sigma_threshold(fitness, valid, config.threshold_std, config.threshold_abs)
+    else:
+        k = config.num_losers(pop)
+        if not 1 <= k <= pop // 2:
+            raise ValueError(f"int(quantile {config.quantile} x pop {pop}) = {k}; need 1 <= losers <= pop/2")
+        loser, leaders = selection.truncation(rank, valid, k)
+    pool = leaders if config.parents == "top" else (valid & ~loser).sum()
     key_parent, key_explore = jax.random.split(key)
-    winners = order[:k]
-    parent = jnp.where(loser, winners[jax.random.randint(key_parent, (pop,), 0, k)], idx)
-    # Non-losers gather themselves: an exact copy, so no select is needed.
-    new_states = tree.take(states, parent)
+    parent = selection.draw_parents(key_parent, order, loser, pool)
+    new_states = copy_members(states, parent, loser, config)
     parent_hparams = tree.take(hparams, parent)
     new_hparams = tree.where(loser, explore_hparams(key_explore, parent_hparams, config), parent_hparams)
     return new_states, new_hparams, {"loser": loser, "parent": parent, "valid": valid, "rank": rank}
+
+
+def copy_members(states: PyTree, parent: jax.Array, loser: jax.Array, config: PBTConfig) -> PyTree:
+    """``states`` after every member copied its parent's: all of it (``copy: full``) or only the learner state's
+    policy fields (``copy: policy``); with ``reset_optimizer`` a loser's optimizer states of the params it
+    copied start afresh (zeros: a fresh Adam state)."""
+    if config.copy == "full":
+        new, copied = tree.take(states, parent), {params for _, params in config.optimizer_state}
+    else:  # non-losers are their own parents: gathering leaves them as they are
+        learner = states["learner"]
+        for path in config.policy_state:
+            learner = tree.replace_path(learner, path, tree.take(tree.get_path(learner, path), parent))
+        new, copied = {**states, "learner": learner}, set(config.policy_state)
+    if config.reset_optimizer:
+        learner = new["learner"]
+        for opt, params in config.optimizer_state:
+            if params in copied:
+                old = tree.get_path(learner, opt)
+                learner = tree.replace_path(learner, opt, tree.where(loser, jax.tree.map(jnp.zeros_like, old), old))
+        new = {**new, "learner": learner}
+    return new
 
 
 def initial_hparams(key: Key, hparams, space: Mapping[str, Range], keep: set[str] | frozenset = frozenset()):

@@ -286,4 +286,6 @@ DEFINITION = LearnerDef(
     make=make_sac,
     default_hparams=default_hparams,
     action_kind="continuous",
+    policy_state=("actor",),
+    optimizer_state={"actor_opt": "actor", "critic_opt": "critic", "alpha_opt": "log_alpha"},
 )
