@@ -51,12 +51,13 @@ from popjax.drivers.independent import make_population
 from popjax.learners.base import ReplayStep, RolloutStep
 from popjax.population import selection, tree
 from popjax.population.hparams import Range, hparams_table, validate_space
+from popjax.population.pb2 import PB2
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.registry import LEARNERS
 from popjax.schema import Bool, Float, Int, Invalid, Kind, Number, NumberList, OneOf, problem, show, validate
 from popjax.types import Key, PyTree
 
-EXPLORE_MODES = ("resample", "perturb")
+EXPLORE_MODES = ("resample", "perturb", "pb2")
 SELECTIONS = ("truncation", "sigma")
 PARENTS = ("top", "non_bottom")
 COPIES = ("full", "policy")
@@ -154,7 +155,8 @@ class PBTOptions(DriverOptions):
         "0.3; its release: 0.4 in train_pbt.py)")
     explore: OneOf(EXPLORE_MODES) = Field(
         "resample", description="new hparams of a replaced member: resample from the prior (paper and release), "
-        "or perturb")
+        "perturb, or pb2 (a time-varying GP bandit fitted to the population's recent improvements; the "
+        "search_space ranges are its bounds)")
     perturb_factors: Annotated[tuple[float, ...], NumberList(
         Number(gt=0), "a non-empty list of positive numbers other than 1", min_len=1)] = Field(
         (0.8, 1.2), description="factors a perturbed hparam is multiplied by")
@@ -285,7 +287,10 @@ def member_finite(states: PyTree) -> jax.Array:
 
 
 def explore_hparams(key: Key, hparams, config: PBTConfig):
-    """New values for every member's explored hparams (the caller keeps them for losers only)."""
+    """New values for every member's explored hparams (the caller keeps them for losers only); ``pb2`` keeps the
+    parent's here: the host proposes them after the round (``PBTHost.propose``)."""
+    if config.explore == "pb2":
+        return hparams
     pop = tree.size(hparams)
     new = {}
     for i, (name, r) in enumerate(config.search_space):
@@ -440,18 +445,43 @@ def pbt_after_eval(key: Key, state, returns: jax.Array, config: PBTConfig, total
     copied, hparams, loser, parent = jax.lax.cond(ready, exploit, keep)
     record = PBTRecord(window=window, count=jnp.where(loser, 0, record.count + 1),
                        last_ready=jnp.where(ready, steps, record.last_ready), rounds=record.rounds + ready)
-    info = {"ready": ready, "loser": loser, "parent": parent, "fitness": fitness, "old_hparams": state.hparams}
+    info = {"ready": ready, "loser": loser, "parent": parent, "fitness": fitness, "old_hparams": state.hparams,
+            "env_steps": steps}
     return state.replace(**copied, hparams=hparams, pbt=record), info
 
 
 class PBTHost(DriverHost):
     """Writes the lineage (one entry per replaced member and round) around the host of the driver PBT
-    transforms (``inner``; by default the plain one), which keeps its own rows, records and checkpoints."""
+    transforms (``inner``; by default the plain one), which keeps its own rows, records and checkpoints. With
+    ``explore: pb2`` it also keeps PB2's data and proposes the replaced members' hparams (seeded by the run's
+    ``seed`` and the round's env steps, so a resumed run proposes the same)."""
 
-    def __init__(self, inner: DriverHost | None = None):
+    def __init__(self, inner: DriverHost | None = None, config: PBTConfig | None = None, seed: int = 0):
         self.inner = inner or DriverHost(lambda state: state.hparams)
         super().__init__(self.inner.hparams)
         self.lineage: list[dict[str, Any]] = []
+        self.pb2 = PB2(config.search_space) if config is not None and config.explore == "pb2" else None
+        self.seed = seed
+
+    def propose(self, state, info):
+        if self.pb2 is None or not info["ready"]:
+            return None
+        t, fitness, parent = int(info["env_steps"]), np.asarray(info["fitness"]), np.asarray(info["parent"])
+        old = hparams_table(info["old_hparams"])
+        for m in range(len(fitness)):
+            self.pb2.log(m, t, fitness[m], self.pb2.unit({name: old[name][m] for name, _ in self.pb2.space}))
+        losers = np.flatnonzero(info["loser"]).tolist()
+        contexts = [self.pb2.context(int(parent[m]), t) for m in losers]
+        picks = self.pb2.propose(contexts, np.random.default_rng([self.seed, t]))
+        hparams = fetch(self.hparams(state))
+        columns = {name: np.array(getattr(hparams, name)) for name, _ in self.pb2.space}
+        for m, pick in zip(losers, picks, strict=True):
+            values = self.pb2.values(pick)
+            for name, value in values.items():
+                columns[name][m] = value
+            # the member's next improvement is measured from its parent's weights and fitness
+            self.pb2.log(m, t, fitness[parent[m]], self.pb2.unit(values))
+        return hparams.replace(**columns)
 
     def rows(self, state, metrics, returns):
         return self.inner.rows(state, metrics, returns)
@@ -479,11 +509,14 @@ class PBTHost(DriverHost):
             "window_count": np.asarray(record.count).tolist()}}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.inner.state_dict(), "lineage": [dict(e) for e in self.lineage]}
+        pb2 = {} if self.pb2 is None else {"pb2_rows": [list(r) for r in self.pb2.rows]}
+        return {**self.inner.state_dict(), "lineage": [dict(e) for e in self.lineage], **pb2}
 
     def load_state_dict(self, data) -> None:
         self.inner.load_state_dict(data)
         self.lineage = [dict(e) for e in data.get("lineage", [])]
+        if self.pb2 is not None:
+            self.pb2.rows = [list(r) for r in data.get("pb2_rows", [])]
 
 
 def _json_float(x: float) -> float | None:
@@ -517,7 +550,8 @@ def with_pbt(build_inner: Callable[[BuildContext], Driver], config: PBTConfig,
         return inner._replace(
             init=lambda key: inner.init(key, pbt=initial_record(config.fitness_window, pop)),
             after_eval=lambda key, state, returns: pbt_after_eval(key, state, returns, config, total, carried),
-            host=PBTHost(inner.host))
+            host=PBTHost(inner.host, config, ctx.config.seed),
+            set_hparams=lambda state, hparams: state.replace(hparams=hparams))
 
     return build
 
