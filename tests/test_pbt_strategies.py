@@ -263,3 +263,86 @@ def test_strategy_runs_traced_once_and_resumes_exactly(name, tmp_path, compilers
         {k: v for k, v in run.summary.items() if k not in timing}
     for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(run.state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# --- lineage.csv, pbt-schedule and the replay ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pbt_run(tmp_path_factory):
+    from test_pbt import enable_xla_cache
+
+    import popjax
+
+    enable_xla_cache()
+    return popjax.train(out_dir=tmp_path_factory.mktemp("pbt"), **STRATEGY_RUN,
+                        pbt={"interval": 250, "quantile": 0.25, "explore": "perturb"})
+
+
+def csv_rows(path):
+    import csv
+
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_lineage_csv_has_every_member_at_every_round(pbt_run):
+    rows = csv_rows(pbt_run.out_dir / "lineage.csv")
+    assert list(rows[0])[:5] == ["round", "member", "parent", "fitness", "env_steps"] and "actor_lr" in rows[0]
+    assert [(int(r["round"]), int(r["member"])) for r in rows] == [(k, m) for k in range(6) for m in range(4)]
+    assert {int(r["env_steps"]) for r in rows if r["round"] != "0"} == {250, 500, 750, 1000, 1250}
+    replaced = {(e["env_steps"], e["member"], e["parent"]) for e in pbt_run.summary["lineage"]}
+    assert replaced == {(int(r["env_steps"]), int(r["member"]), int(r["parent"])) for r in rows
+                        if r["member"] != r["parent"]}
+    assert (pbt_run.out_dir / "plots" / "pbt_lineage.png").stat().st_size > 10_000
+
+
+def test_schedule_replay_reproduces_the_best_members_hparams_at_every_round(pbt_run, tmp_path, capsys):
+    import yaml
+
+    from popjax import cli
+
+    assert cli.main(["pbt-schedule", str(pbt_run.out_dir), "--out", str(tmp_path / "s.yaml")]) == 0
+    data = yaml.safe_load((tmp_path / "s.yaml").read_text())
+    final = pbt_run.summary["final_returns"]
+    assert data["member"] == int(np.argmax(final)) and data["learner"] == "td3"
+    schedule = data["schedule"]
+    assert [e["env_steps"] for e in schedule] == [0, 250, 500, 750, 1000, 1250]
+    # independently of lineage.csv: follow the summary's exploits back from the best member; the hparams its
+    # ancestor trained with up to the next round are the ones metrics.csv logged for it at that round
+    metrics = {(int(float(r["env_steps"])), int(float(r["member"]))): r for r in csv_rows(pbt_run.out_dir /
+                                                                                           "metrics.csv")}
+    parents = {(e["env_steps"], e["member"]): e["parent"] for e in pbt_run.summary["lineage"]}
+    member = data["member"]
+    for entry, end in zip(schedule[::-1], [1500, 1250, 1000, 750, 500, 250], strict=True):
+        logged = metrics[(end, member)]
+        for name, value in entry["hparams"].items():
+            assert float(logged[name]) == pytest.approx(value, rel=1e-6), (end, member, name)
+        member = parents.get((entry["env_steps"], member), member)
+    assert len(set(map(str, (e["hparams"] for e in schedule)))) > 1  # the winner's hparams changed
+
+    out = tmp_path / "replay"
+    flags = ["--learner", "td3", "--env", "probe:pendulum", "--pop", "2", "--steps", "1500", "--warmup", "250",
+             "--eval-interval", "250", "--rollout-len", "25", "--batch-size", "16", "--buffer-size", "2000",
+             "--eval-episodes", "1", "--learner-config", "hidden=[8, 8]", "--no-progress"]
+    assert cli.main(["train", *flags, "--schedule", str(tmp_path / "s.yaml"), "--out", str(out)]) == 0
+    rows = csv_rows(out / "metrics.csv")
+    for row in rows:  # the hparams trained with up to this evaluation: the entry before it
+        steps = int(float(row["env_steps"]))
+        entry = [e for e in schedule if e["env_steps"] < steps][-1]
+        for name, value in entry["hparams"].items():
+            assert float(row[name]) == pytest.approx(value, rel=1e-6), (steps, name)
+    assert {int(float(r["member"])) for r in rows} == {0, 1}
+
+    # a schedule for another learner or env, or with PBT: one line, exit 2, nothing written
+    capsys.readouterr()
+    bad_cases = ((["--learner", "sac"], "independent.schedule.learner: the schedule is for td3, this run trains sac"),
+                 (["--env", "gym:Pendulum-v1"], "independent.schedule.env: the schedule is for probe:pendulum"),
+                 (["--driver", "pbt"], "driver: --schedule trains without PBT (allowed: independent)"))
+    for extra, message in bad_cases:
+        bad = tmp_path / "bad"
+        code = cli.main(["train", *flags, *extra, "--schedule", str(tmp_path / "s.yaml"), "--out", str(bad)])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and err.count("\n") == 1 and not bad.exists(), err
+    assert cli.main(["pbt-schedule", str(out)]) == 2  # not a PBT run: no lineage
+    assert "has no lineage.csv" in capsys.readouterr().err

@@ -142,6 +142,11 @@ class DriverHost:
         """Fields of summary.json beyond the loop's own (they override the loop's on a clash)."""
         return {"hparams": hparams_table(self.hparams(state))}
 
+    def tables(self, state) -> dict[str, list[dict[str, Any]]]:
+        """CSV files the run directory gets at the end of the run (``{file name: rows}``; PBT's lineage.csv)."""
+        del state
+        return {}
+
     def propose(self, state, info) -> Any | None:
         """Hparams ``[pop]`` the host chose after ``after_eval`` (PB2's GP bandit), which the loop writes into the
         state with the driver's compiled ``set_hparams`` before ``record``; None: nothing to change."""

@@ -460,6 +460,7 @@ class PBTHost(DriverHost):
         self.inner = inner or DriverHost(lambda state: state.hparams)
         super().__init__(self.inner.hparams)
         self.lineage: list[dict[str, Any]] = []
+        self.rounds: list[dict[str, Any]] = []  # lineage.csv: every member at every round (round 0: initial)
         self.pb2 = PB2(config.search_space) if config is not None and config.explore == "pb2" else None
         self.seed = seed
 
@@ -488,10 +489,13 @@ class PBTHost(DriverHost):
 
     def record(self, state, env_steps, returns, info) -> None:
         self.inner.record(state, env_steps, returns, info)
+        if not self.rounds:  # round 0: every member's initial hparams
+            self._log_round(0, info["old_hparams"], range(len(returns)), [None] * len(returns))
         if not info["ready"]:
             return
         old, new = hparams_table(info["old_hparams"]), hparams_table(state.hparams)
         fitness, parent = info["fitness"], info["parent"]
+        self._log_round(env_steps, state.hparams, parent.tolist(), fitness.tolist())
         for m in np.flatnonzero(info["loser"]).tolist():
             p = int(parent[m])
             self.lineage.append({
@@ -500,6 +504,19 @@ class PBTHost(DriverHost):
                 "old_hparams": {name: values[m] for name, values in old.items()},
                 "new_hparams": {name: values[m] for name, values in new.items()},
             })
+
+    def _log_round(self, env_steps, hparams, parent, fitness) -> None:
+        """One ``lineage.csv`` row per member: who it copied (itself when not replaced), its fitness at the round
+        and the hparams it trains with from there."""
+        r = self.rounds[-1]["round"] + 1 if self.rounds else 0
+        table = hparams_table(hparams)
+        for m, (p, f) in enumerate(zip(parent, fitness, strict=True)):
+            self.rounds.append({"round": r, "member": m, "parent": int(p),
+                                "fitness": None if f is None else _json_float(f), "env_steps": int(env_steps),
+                                **{n: v[m] for n, v in table.items()}})
+
+    def tables(self, state) -> dict[str, list[dict[str, Any]]]:
+        return {**self.inner.tables(state), "lineage.csv": [dict(row) for row in self.rounds]}
 
     def summary(self, state) -> dict[str, Any]:
         record = fetch(state.pbt)
@@ -510,11 +527,13 @@ class PBTHost(DriverHost):
 
     def state_dict(self) -> dict[str, Any]:
         pb2 = {} if self.pb2 is None else {"pb2_rows": [list(r) for r in self.pb2.rows]}
-        return {**self.inner.state_dict(), "lineage": [dict(e) for e in self.lineage], **pb2}
+        return {**self.inner.state_dict(), "lineage": [dict(e) for e in self.lineage],
+                "rounds": [dict(r) for r in self.rounds], **pb2}
 
     def load_state_dict(self, data) -> None:
         self.inner.load_state_dict(data)
         self.lineage = [dict(e) for e in data.get("lineage", [])]
+        self.rounds = [dict(r) for r in data.get("rounds", [])]
         if self.pb2 is not None:
             self.pb2.rows = [list(r) for r in data.get("pb2_rows", [])]
 
