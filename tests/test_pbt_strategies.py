@@ -9,7 +9,7 @@ import pytest
 from test_pbt import TD3_SPACE, population, run_exploit, toy_population
 
 from popjax.config import ConfigError
-from popjax.drivers.pbt import PBTConfig, parse_pbt_config
+from popjax.drivers.pbt import PBTConfig, exploit_and_explore, parse_pbt_config
 from popjax.population import pb2, selection
 from popjax.population.hparams import Range
 
@@ -210,6 +210,50 @@ def test_pb2_proposes_better_points_than_random_resampling():
     assert (with_gp > at_random).sum() >= 4, (with_gp, at_random)
 
 
+# --- multi-frequency PBT ------------------------------------------------------------------------------------
+
+
+MF_CONFIG = PBTConfig(quantile=0.25, subpopulations=(4, 4), frequencies=(1, 2), search_space=TD3_SPACE)
+mf_exploit = jax.jit(lambda k, s, h, f, r: exploit_and_explore(k, s, h, f, MF_CONFIG, r))
+
+
+def mf_round(round_index):
+    state, hp = toy_population(8)
+    hp = hp.replace(tau=jnp.arange(1, 9, dtype=jnp.float32) / 100)  # not explored: shows whose hparams are taken
+    fitness = [10.0, 20.0, 30.0, 40.0, 15.0, 25.0, 35.0, 45.0]  # P1 = members 0-3, P2 = members 4-7
+    new_state, new_hp, info = jax.tree.map(np.asarray, mf_exploit(jax.random.key(0), state, hp, jnp.asarray(fitness),
+                                                                  jnp.int32(round_index)))
+    weights = [int(w) // 6 for w in new_state["w"][:, 0, 0]]  # member m's weights start at 6 m
+    hparams_from = [int(round(t * 100)) - 1 for t in new_hp.tau]
+    return weights, hparams_from, np.flatnonzero(info["explored"]).tolist(), info
+
+
+def test_multi_frequency_groups_exploit_at_their_own_interval_and_migrate():
+    # round 0: only P1 (frequency 1) evolves: member 0 (B4) takes member 3 (B1) and is explored; member 1 (B3)
+    # meets the best other member, 7 (45 > 20): weights and hparams from the steadier P2
+    assert mf_round(0)[:3] == ([3, 7, 2, 3, 4, 5, 6, 7], [3, 7, 2, 3, 4, 5, 6, 7], [0])
+    # round 1: both evolve; in P2 member 4 takes 7; member 5 (25) takes member 3's weights (40) but, 3 being from
+    # the more dynamic P1, the hparams of P2's best, 7
+    weights, hparams_from, explored, info = mf_round(1)
+    assert (weights, hparams_from, explored) == ([3, 7, 2, 3, 7, 3, 6, 7], [3, 7, 2, 3, 7, 7, 6, 7], [0, 4])
+    assert info["loser"].tolist() == [True, True, False, False, True, True, False, False]
+    assert mf_round(2)[:3] == mf_round(0)[:3]  # P2 evolves every second round only
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"subpopulations": [4, 2], "frequencies": [1, 2]}, "pbt.subpopulations: sizes [4, 2] sum to 6, not pop_size 8"),
+    ({"subpopulations": [4, 4]}, "pbt.frequencies: required with subpopulations"),
+    ({"subpopulations": [4, 4], "frequencies": [2, 1]}, "pbt.frequencies: must be increasing, got [2, 1]"),
+    ({"subpopulations": [4, 4], "frequencies": [1, 2, 3]}, "pbt.frequencies: 3 values for 2 sub-populations"),
+    ({"subpopulations": [6, 2], "frequencies": [1, 2], "quantile": 0.25}, "pbt.subpopulations: a sub-population of 2"),
+    ({"subpopulations": [4, 4], "frequencies": [1, 2], "selection": "sigma"}, "pbt.selection: multi-frequency PBT"),
+])
+def test_bad_multi_frequency_options_are_one_line(raw, message):
+    with pytest.raises(ConfigError) as err:
+        parse(raw, pop=8)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
 # --- every strategy in the training loop: traced once, exact resume ------------------------------------------
 
 STRATEGY_RUN = dict(learner="td3", env="probe:pendulum", driver="pbt", pop_size=4, seed=5, total_env_steps=1500,
@@ -219,6 +263,7 @@ STRATEGIES = {
     "pb2": {"explore": "pb2", "quantile": 0.25},
     "sigma-release": {"selection": "sigma", "threshold_std": 0.5, "parents": "non_bottom", "copy": "policy",
                       "reset_optimizer": True},
+    "multi-frequency": {"subpopulations": [3, 3], "frequencies": [1, 2], "quantile": 0.34, "pop_size": 6},
 }
 
 
@@ -247,7 +292,9 @@ def test_strategy_runs_traced_once_and_resumes_exactly(name, tmp_path, compilers
     import popjax
 
     enable_xla_cache()
-    run = popjax.train(out_dir=tmp_path / "full", **STRATEGY_RUN, pbt={"interval": 250, **STRATEGIES[name]})
+    options = dict(STRATEGIES[name])
+    run = popjax.train(out_dir=tmp_path / "full", **{**STRATEGY_RUN, "pop_size": options.pop("pop_size", 4)},
+                       pbt={"interval": 250, **options})
     traces = compilers[-1].traces
     assert traces["iteration"] == 1 and set(traces.values()) == {1}, traces
     lineage = run.summary["lineage"]

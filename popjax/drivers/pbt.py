@@ -84,6 +84,8 @@ class PBTConfig:
       reset_optimizer: replaced members start the optimizer states of what they copied afresh.
       policy_state: the learner state's policy fields (dotted paths; ``LearnerDef.policy_state``).
       optimizer_state: ``((optimizer field, params field), ...)`` of the learner state (``LearnerDef``).
+      subpopulations, frequencies: multi-frequency PBT (``selection.multi_frequency``): sub-population sizes in
+        member order and their evolution periods in rounds; empty: one population.
     """
 
     interval: int = 10_000
@@ -102,6 +104,8 @@ class PBTConfig:
     reset_optimizer: bool = False
     policy_state: tuple[str, ...] = ()
     optimizer_state: tuple[tuple[str, str], ...] = ()
+    subpopulations: tuple[int, ...] = ()
+    frequencies: tuple[int, ...] = ()
 
     def num_losers(self, pop_size: int) -> int:
         return int(self.quantile * pop_size)
@@ -113,7 +117,7 @@ class PBTConfig:
 
 PBT_KEYS = ("interval", "quantile", "explore", "perturb_factors", "resample_probability", "fitness_window",
             "copy_buffer", "search_space", "selection", "threshold_std", "threshold_abs", "parents", "copy",
-            "reset_optimizer")
+            "reset_optimizer", "subpopulations", "frequencies")
 
 
 def default_interval(total_env_steps: int, eval_interval: int) -> int:
@@ -184,6 +188,16 @@ class PBTOptions(DriverOptions):
     reset_optimizer: Bool = Field(
         False, description="replaced members start the optimizer state of what they copied afresh (the release "
         "resets the policy's Adam; the paper copies it)")
+    subpopulations: Annotated[tuple[int, ...] | None, NumberList(
+        Number(integer=True, ge=1), "a list of sub-population sizes summing to pop_size", min_len=2)] = Field(
+        None, description="multi-frequency PBT (MF-PBT): sub-population sizes in member order; each evolves every "
+        "interval x its frequency, and its quantile above the bottom takes better members of other sub-populations",
+        json_schema_extra={"default": "none: one population"})
+    frequencies: Annotated[tuple[int, ...] | None, NumberList(
+        Number(integer=True, ge=1, le=1_000_000), "a list of increasing positive integers, one per sub-population",
+        min_len=2, increasing=True)] = Field(
+        None, description="multi-frequency PBT: each sub-population's evolution period in rounds (MF-PBT: "
+        "[1, 10, 25, 50] with rounds of 1M env steps)", json_schema_extra={"default": "none"})
     _space: dict[str, Range] = PrivateAttr(default_factory=dict)
     _learner: str = PrivateAttr("")
 
@@ -211,7 +225,32 @@ class PBTOptions(DriverOptions):
         self._space = validate_space(space, hparams_cls, at=("search_space",), nested=True)
         self._learner = config.learner
         self._check_release_variants(config)
+        self._check_subpopulations(config)
         return self
+
+    def _check_subpopulations(self, config) -> None:
+        sizes, frequencies = self.subpopulations, self.frequencies
+        if (sizes is None) != (frequencies is None):
+            missing = "frequencies" if frequencies is None else "subpopulations"
+            raise problem("required with " + ("subpopulations" if missing == "frequencies" else "frequencies") +
+                          " (allowed: one per sub-population)", at=(missing,))
+        if sizes is None:
+            return
+        if sum(sizes) != config.pop_size:
+            raise problem(f"sizes {list(sizes)} sum to {sum(sizes)}, not pop_size {config.pop_size} (allowed: "
+                          f"sizes summing to {config.pop_size})", at=("subpopulations",))
+        if len(frequencies) != len(sizes):
+            raise problem(f"{len(frequencies)} values for {len(sizes)} sub-populations (allowed: one per "
+                          "sub-population)", at=("frequencies",))
+        small = [n for n in sizes if not 1 <= int(self.quantile * n) <= n // 3]
+        if small:
+            raise problem(f"a sub-population of {small[0]} has no distinct top, third and bottom quantile at "
+                          f"quantile {show(self.quantile)} (allowed: sizes n with 1 <= int(quantile x n) <= n/3)",
+                          at=("subpopulations",))
+        for field, value in (("selection", "truncation"), ("parents", "top")):
+            if getattr(self, field) != value:
+                raise problem(f"multi-frequency PBT has its own selection (allowed: {value} with subpopulations)",
+                              at=(field,))
 
     def _check_release_variants(self, config) -> None:
         definition = LEARNERS[config.learner]
@@ -243,7 +282,8 @@ class PBTOptions(DriverOptions):
                          selection=self.selection, threshold_std=self.threshold_std,
                          threshold_abs=self.threshold_abs, parents=self.parents, copy=self.copy,
                          reset_optimizer=self.reset_optimizer, policy_state=tuple(definition.policy_state),
-                         optimizer_state=tuple(sorted(definition.optimizer_state.items())))
+                         optimizer_state=tuple(sorted(definition.optimizer_state.items())),
+                         subpopulations=tuple(self.subpopulations or ()), frequencies=tuple(self.frequencies or ()))
 
 
 def parse_pbt_config(raw: Mapping[str, Any], *, learner: str, hparams_names: tuple[str, ...] = (), pop_size: int,
@@ -306,7 +346,8 @@ def explore_hparams(key: Key, hparams, config: PBTConfig):
     return hparams.replace(**new)
 
 
-def exploit_and_explore(key: Key, states: PyTree, hparams, fitness: jax.Array, config: PBTConfig):
+def exploit_and_explore(key: Key, states: PyTree, hparams, fitness: jax.Array, config: PBTConfig,
+                        round_index: jax.Array | int = 0):
     """One PBT round over the whole population (pure, jit-able with ``config`` static).
 
     Args:
@@ -317,30 +358,38 @@ def exploit_and_explore(key: Key, states: PyTree, hparams, fitness: jax.Array, c
       hparams: HParams with ``[pop]`` leaves.
       fitness: ``[pop]`` fitness, higher is better; NaN = broken member.
       config: static PBT settings.
+      round_index: rounds done before this one (multi-frequency PBT's sub-populations evolve by it).
 
     Returns:
-      ``(states, hparams, info)``; ``info`` holds ``loser`` (bool ``[pop]``: explored, and copied unless its
-      parent is itself), ``parent`` (int32 ``[pop]``, the member itself for non-losers), ``valid`` (bool ``[pop]``)
-      and ``rank`` (int32 ``[pop]``, 0 = best).
+      ``(states, hparams, info)``; ``info`` holds ``loser`` (bool ``[pop]``: copied or explored), ``explored``
+      (bool ``[pop]``: new hparams from ``explore``), ``parent`` (int32 ``[pop]``, whose weights; the member itself
+      when it keeps its own), ``valid`` (bool ``[pop]``) and ``rank`` (int32 ``[pop]``, 0 = best).
     """
     pop = fitness.shape[0]
+    idx = jnp.arange(pop, dtype=jnp.int32)
     fitness = fitness.astype(jnp.float32)
     valid = ~jnp.isnan(fitness) & member_finite(states)
     order, rank = selection.rank_members(fitness, valid)
-    if config.selection == "sigma":
-        loser, leaders = selection.sigma_threshold(fitness, valid, config.threshold_std, config.threshold_abs)
-    else:
-        k = config.num_losers(pop)
-        if not 1 <= k <= pop // 2:
-            raise ValueError(f"int(quantile {config.quantile} x pop {pop}) = {k}; need 1 <= losers <= pop/2")
-        loser, leaders = selection.truncation(rank, valid, k)
-    pool = leaders if config.parents == "top" else (valid & ~loser).sum()
     key_parent, key_explore = jax.random.split(key)
-    parent = selection.draw_parents(key_parent, order, loser, pool)
+    if config.subpopulations:
+        parent, hparams_from, explored = selection.multi_frequency(
+            fitness, valid, round_index, config.subpopulations, config.frequencies, config.quantile)
+    else:
+        if config.selection == "sigma":
+            explored, leaders = selection.sigma_threshold(fitness, valid, config.threshold_std, config.threshold_abs)
+        else:
+            k = config.num_losers(pop)
+            if not 1 <= k <= pop // 2:
+                raise ValueError(f"int(quantile {config.quantile} x pop {pop}) = {k}; need 1 <= losers <= pop/2")
+            explored, leaders = selection.truncation(rank, valid, k)
+        pool = leaders if config.parents == "top" else (valid & ~explored).sum()
+        parent = hparams_from = selection.draw_parents(key_parent, order, explored, pool)
+    loser = explored | (parent != idx)
     new_states = copy_members(states, parent, loser, config)
-    parent_hparams = tree.take(hparams, parent)
-    new_hparams = tree.where(loser, explore_hparams(key_explore, parent_hparams, config), parent_hparams)
-    return new_states, new_hparams, {"loser": loser, "parent": parent, "valid": valid, "rank": rank}
+    parent_hparams = tree.take(hparams, hparams_from)
+    new_hparams = tree.where(explored, explore_hparams(key_explore, parent_hparams, config), parent_hparams)
+    return new_states, new_hparams, {"loser": loser, "explored": explored, "parent": parent, "valid": valid,
+                                     "rank": rank}
 
 
 def copy_members(states: PyTree, parent: jax.Array, loser: jax.Array, config: PBTConfig) -> PyTree:
@@ -436,17 +485,17 @@ def pbt_after_eval(key: Key, state, returns: jax.Array, config: PBTConfig, total
     copied = {name: getattr(state, name) for name in carried + (("buffer",) if config.copy_buffer else ())}
 
     def exploit():
-        new, hparams, info = exploit_and_explore(key, copied, state.hparams, fitness, config)
-        return new, hparams, info["loser"], info["parent"]
+        new, hparams, info = exploit_and_explore(key, copied, state.hparams, fitness, config, record.rounds)
+        return new, hparams, info["loser"], info["explored"], info["parent"]
 
     def keep():
-        return copied, state.hparams, jnp.zeros(pop, bool), jnp.arange(pop, dtype=jnp.int32)
+        return copied, state.hparams, jnp.zeros(pop, bool), jnp.zeros(pop, bool), jnp.arange(pop, dtype=jnp.int32)
 
-    copied, hparams, loser, parent = jax.lax.cond(ready, exploit, keep)
+    copied, hparams, loser, explored, parent = jax.lax.cond(ready, exploit, keep)
     record = PBTRecord(window=window, count=jnp.where(loser, 0, record.count + 1),
                        last_ready=jnp.where(ready, steps, record.last_ready), rounds=record.rounds + ready)
-    info = {"ready": ready, "loser": loser, "parent": parent, "fitness": fitness, "old_hparams": state.hparams,
-            "env_steps": steps}
+    info = {"ready": ready, "loser": loser, "explored": explored, "parent": parent, "fitness": fitness,
+            "old_hparams": state.hparams, "env_steps": steps}
     return state.replace(**copied, hparams=hparams, pbt=record), info
 
 
@@ -471,7 +520,7 @@ class PBTHost(DriverHost):
         old = hparams_table(info["old_hparams"])
         for m in range(len(fitness)):
             self.pb2.log(m, t, fitness[m], self.pb2.unit({name: old[name][m] for name, _ in self.pb2.space}))
-        losers = np.flatnonzero(info["loser"]).tolist()
+        losers = np.flatnonzero(info["explored"]).tolist()
         contexts = [self.pb2.context(int(parent[m]), t) for m in losers]
         picks = self.pb2.propose(contexts, np.random.default_rng([self.seed, t]))
         hparams = fetch(self.hparams(state))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from popjax.types import Key
 
@@ -52,3 +53,49 @@ def draw_parents(key: Key, order: jax.Array, loser: jax.Array, pool: jax.Array |
     idx = jnp.arange(order.shape[0], dtype=jnp.int32)
     drawn = order[jax.random.randint(key, idx.shape, 0, jnp.maximum(pool, 1))]
     return jnp.where(loser & (jnp.asarray(pool) > 0), drawn, idx)
+
+
+def multi_frequency(fitness: jax.Array, valid: jax.Array, round_index: jax.Array, sizes: tuple[int, ...],
+                    frequencies: tuple[int, ...], quantile: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """MF-PBT (Doulazmi et al. 2025; WaelDLZ/MF-PBT ``hpo/mfpbt.py``): ``(parent, hparams_from, explored)``.
+
+    Members are split into sub-populations of ``sizes`` (in member order); sub-population i evolves in round r
+    (counted from 0) when ``(r + 1) % frequencies[i] == 0``. Ranked within it, best first, with q =
+    ``int(quantile * n)``: B1 the top q, B3 the q above the bottom q, B4 the bottom q.
+
+    - Internal exploit: the k-th best of B4 takes the weights and hparams of the k-th best of B1 and is explored.
+    - Migration: each B3 member, best first, meets the best member left among all other sub-populations (their
+      fitness of this round); if that one is better, the B3 member takes its weights and the candidate leaves the
+      list. Its hparams come with the weights from a steadier sub-population (larger frequency), and from the best
+      member of its own sub-population when the migrant is from a more dynamic one. Migrants are not explored.
+
+    Every copy reads the round's snapshot (a gather), so a member replaced this round still passes on its old
+    weights (the reference code copies in place and can pass on a replaced row).
+    """
+    pop = fitness.shape[0]
+    idx = jnp.arange(pop, dtype=jnp.int32)
+    score = jnp.where(valid, fitness, -jnp.inf)
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    delta = jnp.asarray(np.repeat(frequencies, sizes), jnp.int32)
+    parent, hparams_from, explored = idx, idx, jnp.zeros(pop, bool)
+    start = 0
+    for i, (n, f) in enumerate(zip(sizes, frequencies, strict=True)):
+        q, members = int(quantile * n), idx[start:start + n]
+        ranked = members[jnp.lexsort((members, -score[start:start + n], ~valid[start:start + n]))]
+        b1, b3, b4 = ranked[:q], ranked[n - 2 * q:n - q], ranked[n - q:]
+        new_parent, new_from = parent.at[b4].set(b1), hparams_from.at[b4].set(b1)
+        new_explored = explored.at[b4].set(True)
+        others = valid & jnp.asarray(group != i)
+        candidates = jnp.lexsort((idx, -score, ~others)).astype(jnp.int32)  # other sub-populations, best first
+        j = jnp.zeros((), jnp.int32)
+        for b in b3:
+            c = candidates[jnp.minimum(j, pop - 1)]
+            take = (j < others.sum()) & (score[c] > score[b])
+            new_parent = new_parent.at[b].set(jnp.where(take, c, b))
+            new_from = new_from.at[b].set(jnp.where(take, jnp.where(delta[c] > f, c, ranked[0]), b))
+            j = j + take
+        evolve = (round_index + 1) % f == 0
+        parent, hparams_from = jnp.where(evolve, new_parent, parent), jnp.where(evolve, new_from, hparams_from)
+        explored = jnp.where(evolve, new_explored, explored)
+        start += n
+    return parent, hparams_from, explored
