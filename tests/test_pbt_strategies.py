@@ -113,7 +113,8 @@ def test_full_copy_with_reset_starts_every_optimizer_afresh():
 
 
 def parse(raw, learner="td3", pop=4):
-    return parse_pbt_config(raw, learner=learner, pop_size=pop, total_env_steps=10_000, eval_interval=1_000)
+    return parse_pbt_config(raw, learner=learner, pop_size=pop, total_env_steps=10_000, eval_interval=1_000,
+                            rollout_len=50)
 
 
 @pytest.mark.parametrize("raw, learner, message", [
@@ -261,8 +262,9 @@ STRATEGY_RUN = dict(learner="td3", env="probe:pendulum", driver="pbt", pop_size=
                     eval_episodes=1, learner_config={"hidden": [8, 8]}, progress=False)
 STRATEGIES = {
     "pb2": {"explore": "pb2", "quantile": 0.25},
-    "sigma-release": {"selection": "sigma", "threshold_std": 0.5, "parents": "non_bottom", "copy": "policy",
-                      "reset_optimizer": True},
+    "sigma-release-constraints": {"selection": "sigma", "threshold_std": 0.5, "parents": "non_bottom",
+                                  "copy": "policy", "reset_optimizer": True,
+                                  "constraints": ["noise_clip >= target_noise"]},
     "multi-frequency": {"subpopulations": [3, 3], "frequencies": [1, 2], "quantile": 0.34, "pop_size": 6},
 }
 
@@ -302,6 +304,9 @@ def test_strategy_runs_traced_once_and_resumes_exactly(name, tmp_path, compilers
     if name == "pb2":  # the host's proposals were written (a compiled call, traced once) and differ from the parent's
         assert traces["set_hparams"] == 1
         assert all(e["new_hparams"] != e["old_hparams"] for e in lineage)
+    if "constraints" in options:
+        rows = csv_rows(run.out_dir / "lineage.csv")
+        assert all(float(r["noise_clip"]) >= float(r["target_noise"]) for r in rows)
     resumed, at = kill_and_resume(run, tmp_path)
     assert any(e["env_steps"] > at for e in lineage)  # an exploit after the checkpoint resumed from
     assert set(compilers[-1].traces.values()) == {1}
@@ -393,3 +398,73 @@ def test_schedule_replay_reproduces_the_best_members_hparams_at_every_round(pbt_
         assert code == 2 and message in err and err.count("\n") == 1 and not bad.exists(), err
     assert cli.main(["pbt-schedule", str(out)]) == 2  # not a PBT run: no lineage
     assert "has no lineage.csv" in capsys.readouterr().err
+
+
+# --- constraints and categorical choices --------------------------------------------------------------------
+
+CONSTRAINED_SPACE = {"noise_clip": {"low": 0.0, "high": 1.0}, "target_noise": {"low": 0.0, "high": 1.0},
+                     "policy_delay": {"choices": [1, 2, 3, 4, 6]}, "actor_lr": {"low": 1e-4, "high": 1e-2, "log": True}}
+CONSTRAINTS = ["noise_clip >= target_noise", "policy_delay divides 12", "policy_delay <= rollout_len",
+               "actor_lr < 0.005"]
+
+
+def constrained_config(explore, pop=10_000, **kw):
+    return parse({"search_space": CONSTRAINED_SPACE, "constraints": CONSTRAINTS, "explore": explore,
+                  "quantile": 0.5, **kw}, pop=pop)
+
+
+def check_relations(hp):
+    table = {n: np.asarray(getattr(hp, n)) for n in ("noise_clip", "target_noise", "policy_delay", "actor_lr")}
+    assert (table["noise_clip"] >= table["target_noise"]).all()
+    assert set(np.unique(table["policy_delay"]).tolist()) == {1, 2, 3, 4, 6}  # 12 % d == 0 and d <= 50
+    assert (table["actor_lr"] < 0.005).all() and (table["actor_lr"] >= 1e-4).all()
+    assert 0.3 < (table["noise_clip"] > 0.5).mean()  # redrawn from the prior, not collapsed to one point
+    return table
+
+
+@pytest.mark.parametrize("explore", ["resample", "perturb"])
+def test_constraints_are_never_violated_in_10k_draws(explore):
+    from popjax.drivers.pbt import initial_hparams
+    from popjax.learners import td3
+    from popjax.population.hparams import population_hparams
+
+    config = constrained_config(explore, resample_probability=0.0)
+    assert [str(c) for c in config.constraints] == ["noise_clip >= target_noise", "policy_delay divides 12",
+                                                    "policy_delay <= 50", "actor_lr < 0.005"]
+    start = jax.jit(lambda key: initial_hparams(key, population_hparams(td3.default_hparams(), 10_000),
+                                                config.space, config=config))(jax.random.key(0))
+    check_relations(start)
+    fitness = jnp.asarray(np.random.default_rng(0).normal(size=10_000), jnp.float32)
+    states = {"w": jnp.zeros((10_000, 1))}
+    _, new_hp, info = jax.jit(exploit_and_explore, static_argnums=4)(jax.random.key(1), states, start, fitness, config)
+    table = check_relations(new_hp)
+    explored = np.asarray(info["explored"])
+    assert explored.sum() == 5_000
+    if explore == "perturb":  # categorical choices step to a neighbour (or reflect at the ends) unless a broken
+        # relation redrew the member's constrained hparams jointly (a few percent)
+        parent = np.asarray(info["parent"])
+        old = np.asarray(start.policy_delay)[parent][explored].tolist()
+        new = table["policy_delay"][explored].tolist()
+        choices = [1, 2, 3, 4, 6]
+        neighbours = [abs(choices.index(a) - choices.index(b)) == 1 for a, b in zip(old, new, strict=True)]
+        assert 0.85 < np.mean(neighbours) < 1.0
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"constraints": ["noise_clip >= 2"]},
+     "pbt.constraints[0]: no value of the search space satisfies noise_clip >= 2 (none of 10000 prior draws)"),
+    ({"constraints": ["noise_clip >= target_noise + 1"]}, "pbt.constraints[0]: expected '<hparam> <op>"),
+    ({"constraints": ["tau <= 0.5"]}, "pbt.constraints[0]: 'tau' is neither an explored hparam nor a number"),
+    ({"constraints": ["1 <= 2"]}, "pbt.constraints[0]: '1 <= 2' relates no explored hparam"),
+    ({"constraints": ["noise_clip >= target_noise", "target_noise > 0.9", "noise_clip < 0.1"]},
+     "pbt.constraints: no values of the search space satisfy all of them together"),
+    ({"explore": "pb2", "search_space": {"policy_delay": {"choices": [1, 2]}}},
+     "pbt.search_space.policy_delay: pb2 needs a {low, high} bound for every explored hparam"),
+    ({"search_space": {"policy_delay": {"choices": [1, 2.5]}}}, "pbt.search_space.policy_delay.choices[1]: expected"),
+    ({"search_space": {"policy_delay": {"choices": [1, 2], "low": 1}}}, "pbt.search_space.policy_delay.low: choices"),
+    ({"explore": "pb2", "search_space": {"actor_lr": {"low": 1e-4}}}, "pbt.search_space.actor_lr.high: required"),
+])
+def test_bad_constraints_are_one_line_before_anything_runs(raw, message):
+    with pytest.raises(ConfigError) as err:
+        parse({"search_space": "td3", **raw})
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)

@@ -49,7 +49,8 @@ from popjax.distributed import fetch
 from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, DriverOptions, run_config
 from popjax.drivers.independent import make_population
 from popjax.learners.base import ReplayStep, RolloutStep
-from popjax.population import selection, tree
+from popjax.population import constraints, selection, tree
+from popjax.population.constraints import Constraint
 from popjax.population.hparams import Range, hparams_table, validate_space
 from popjax.population.pb2 import PB2
 from popjax.population.search_spaces import SEARCH_SPACES
@@ -86,6 +87,8 @@ class PBTConfig:
       optimizer_state: ``((optimizer field, params field), ...)`` of the learner state (``LearnerDef``).
       subpopulations, frequencies: multi-frequency PBT (``selection.multi_frequency``): sub-population sizes in
         member order and their evolution periods in rounds; empty: one population.
+      constraints: relations the explored hparams keep (``popjax.population.constraints``).
+      feasible: ``((name, value), ...)`` satisfying every constraint (the start's fallback).
     """
 
     interval: int = 10_000
@@ -106,6 +109,8 @@ class PBTConfig:
     optimizer_state: tuple[tuple[str, str], ...] = ()
     subpopulations: tuple[int, ...] = ()
     frequencies: tuple[int, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+    feasible: tuple[tuple[str, float], ...] = ()
 
     def num_losers(self, pop_size: int) -> int:
         return int(self.quantile * pop_size)
@@ -117,7 +122,7 @@ class PBTConfig:
 
 PBT_KEYS = ("interval", "quantile", "explore", "perturb_factors", "resample_probability", "fitness_window",
             "copy_buffer", "search_space", "selection", "threshold_std", "threshold_abs", "parents", "copy",
-            "reset_optimizer", "subpopulations", "frequencies")
+            "reset_optimizer", "subpopulations", "frequencies", "constraints")
 
 
 def default_interval(total_env_steps: int, eval_interval: int) -> int:
@@ -141,6 +146,21 @@ class SpaceOrName(Kind):
         if isinstance(value, Mapping) and value:
             return {name: dict(r) if isinstance(r, Mapping) else r for name, r in value.items()}
         raise self.expected(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstraintList(Kind):
+    """A list of constraint texts (parsed with the run's explored hparams by ``PBTOptions``)."""
+
+    def describe(self) -> str:
+        return "a list of '<hparam> <op> <hparam or number>'"
+
+    def convert(self, value, context=None):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise self.expected(value)
+        return tuple(value)
 
 
 # The option is named ``copy`` as in the issue and the papers; pydantic warns that it shadows BaseModel.copy
@@ -198,8 +218,15 @@ class PBTOptions(DriverOptions):
         min_len=2, increasing=True)] = Field(
         None, description="multi-frequency PBT: each sub-population's evolution period in rounds (MF-PBT: "
         "[1, 10, 25, 50] with rounds of 1M env steps)", json_schema_extra={"default": "none"})
+    constraints: Annotated[tuple[str, ...] | None, ConstraintList()] = Field(
+        None, description="relations the explored hparams keep, e.g. 'noise_clip >= target_noise' or 'policy_delay "
+        "divides 4'; explored values that break one are redrawn (or the parent's kept), never trained",
+        json_schema_extra={"default": "none", "allowed": "a list of '<hparam> <op> <hparam, number or integer run "
+                           "option>', op one of <=, >=, <, >, divides"})
     _space: dict[str, Range] = PrivateAttr(default_factory=dict)
     _learner: str = PrivateAttr("")
+    _constraints: tuple[Constraint, ...] = PrivateAttr(())
+    _feasible: dict[str, float] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo):
@@ -226,7 +253,37 @@ class PBTOptions(DriverOptions):
         self._learner = config.learner
         self._check_release_variants(config)
         self._check_subpopulations(config)
+        self._check_constraints(config)
         return self
+
+    def _check_constraints(self, config) -> None:
+        if self.explore == "pb2":  # PB2's GP needs numeric bounds for every explored hparam
+            for name, r in self._space.items():
+                if r.choices:
+                    raise problem("pb2 needs a {low, high} bound for every explored hparam; categorical choices have "
+                                  "none (allowed: low and high, or explore: resample or perturb)",
+                                  at=("search_space", name))
+        if not self.constraints:
+            return
+        numbers = {f: getattr(config, f) for f in ("rollout_len", "envs_per_member", "batch_size", "pop_size")
+                   if hasattr(config, f)}
+        parsed = []
+        for i, text in enumerate(self.constraints):
+            try:
+                parsed.append(constraints.parse(text, tuple(self._space), numbers))
+            except Invalid as err:
+                raise problem(str(err), at=("constraints", i)) from None
+        fixed = set(getattr(config, "hparams", {})) | set(getattr(config, "search_space", {}))
+        for i, c in enumerate(parsed):
+            for name in c.names:
+                if name in fixed:
+                    raise problem(f"{name} is set by the run's hparams or search_space; a constrained hparam starts "
+                                  "from the PBT prior (allowed: leave it out there)", at=("constraints", i))
+        try:
+            self._feasible = constraints.feasible_point(self._space, parsed)
+        except Invalid as err:
+            raise problem(str(err), at=("constraints", *err.at)) from None
+        self._constraints = tuple(parsed)
 
     def _check_subpopulations(self, config) -> None:
         sizes, frequencies = self.subpopulations, self.frequencies
@@ -283,27 +340,36 @@ class PBTOptions(DriverOptions):
                          threshold_abs=self.threshold_abs, parents=self.parents, copy=self.copy,
                          reset_optimizer=self.reset_optimizer, policy_state=tuple(definition.policy_state),
                          optimizer_state=tuple(sorted(definition.optimizer_state.items())),
-                         subpopulations=tuple(self.subpopulations or ()), frequencies=tuple(self.frequencies or ()))
+                         subpopulations=tuple(self.subpopulations or ()), frequencies=tuple(self.frequencies or ()),
+                         constraints=self._constraints, feasible=tuple(sorted(self._feasible.items())))
 
 
 def parse_pbt_config(raw: Mapping[str, Any], *, learner: str, hparams_names: tuple[str, ...] = (), pop_size: int,
-                     total_env_steps: int, eval_interval: int) -> PBTConfig:
-    """Validates a ``pbt`` options block for a run with these settings; raises a one-line ConfigError.
+                     total_env_steps: int, eval_interval: int, **run: Any) -> PBTConfig:
+    """Validates a ``pbt`` options block for a run with these settings (``run``: other RunConfig fields, e.g.
+    ``rollout_len`` for constraints); raises a one-line ConfigError.
 
     ``hparams_names`` is unused (kept for callers): the learner's HParams declare the names and bounds.
     """
     del hparams_names
     context = SimpleNamespace(learner=learner, pop_size=pop_size, total_env_steps=total_env_steps,
-                              eval_interval=eval_interval)
+                              eval_interval=eval_interval, **run)
     return validate(PBTOptions, dict(raw or {}), at=("pbt",), context={"config": context}).pbt_config()
 
 
 # --- pure population functions ------------------------------------------------------------------
 
 def perturb_value(key: Key, value: jax.Array, r: Range, factors: tuple[float, ...]) -> jax.Array:
-    """Scales by a random factor (reflected at the bounds, nudged for integers), clipped to ``r``."""
+    """Scales by a random factor (reflected at the bounds, nudged for integers), clipped to ``r``; a categorical
+    value moves to the next choice up (f > 1) or down (reflected at the ends, Ray's list step)."""
     f = jnp.asarray(factors, jnp.float32)[jax.random.randint(key, value.shape, 0, len(factors))]
     x = value.astype(jnp.float32)
+    if r.choices:
+        choices = jnp.asarray(r.choices, jnp.float32)
+        i = jnp.argmin(jnp.abs(x[..., None] - choices), axis=-1)
+        step = jnp.where(f > 1.0, 1, -1)
+        j = jnp.where((i + step < 0) | (i + step >= len(r.choices)), i - step, i + step)
+        return choices[jnp.clip(j, 0, len(r.choices) - 1)]
     # Log ranges scale the value (a step of log f in log space); linear ranges scale the
     # offset from the lower bound, so U[0.9, 1] (discount) moves inside its range too.
     origin = 0.0 if r.log else r.low
@@ -388,6 +454,8 @@ def exploit_and_explore(key: Key, states: PyTree, hparams, fitness: jax.Array, c
     new_states = copy_members(states, parent, loser, config)
     parent_hparams = tree.take(hparams, hparams_from)
     new_hparams = tree.where(explored, explore_hparams(key_explore, parent_hparams, config), parent_hparams)
+    new_hparams = constraints.enforce(jax.random.fold_in(key_explore, 1 << 20), new_hparams, parent_hparams,
+                                      config.space, config.constraints, redraw=explored)
     return new_states, new_hparams, {"loser": loser, "explored": explored, "parent": parent, "valid": valid,
                                      "rank": rank}
 
@@ -413,15 +481,21 @@ def copy_members(states: PyTree, parent: jax.Array, loser: jax.Array, config: PB
     return new
 
 
-def initial_hparams(key: Key, hparams, space: Mapping[str, Range], keep: set[str] | frozenset = frozenset()):
-    """Samples every hparam of ``space`` not in ``keep`` from its prior, per member."""
+def initial_hparams(key: Key, hparams, space: Mapping[str, Range], keep: set[str] | frozenset = frozenset(),
+                    config: PBTConfig | None = None):
+    """Samples every hparam of ``space`` not in ``keep`` from its prior, per member (with ``config``'s
+    constraints kept: redrawn, else its feasible point)."""
     pop = tree.size(hparams)
     new = {}
     for i, (name, r) in enumerate(sorted(space.items())):
         if name not in keep:
             old = getattr(hparams, name)
             new[name] = r.sample(jax.random.fold_in(key, i), (pop,)).astype(old.dtype)
-    return hparams.replace(**new)
+    hparams = hparams.replace(**new)
+    if config is None or not config.constraints:
+        return hparams
+    fallback = hparams.replace(**{n: jnp.full_like(getattr(hparams, n), v) for n, v in config.feasible})
+    return constraints.enforce(jax.random.fold_in(key, 1 << 20), hparams, fallback, space, config.constraints)
 
 
 
@@ -511,7 +585,7 @@ class PBTHost(DriverHost):
         self.lineage: list[dict[str, Any]] = []
         self.rounds: list[dict[str, Any]] = []  # lineage.csv: every member at every round (round 0: initial)
         self.pb2 = PB2(config.search_space) if config is not None and config.explore == "pb2" else None
-        self.seed = seed
+        self.config, self.seed = config, seed
 
     def propose(self, state, info):
         if self.pb2 is None or not info["ready"]:
@@ -525,8 +599,9 @@ class PBTHost(DriverHost):
         picks = self.pb2.propose(contexts, np.random.default_rng([self.seed, t]))
         hparams = fetch(self.hparams(state))
         columns = {name: np.array(getattr(hparams, name)) for name, _ in self.pb2.space}
+        rng = np.random.default_rng([self.seed, t, 1])
         for m, pick in zip(losers, picks, strict=True):
-            values = self.pb2.values(pick)
+            values = self._keep_constraints(self.pb2.values(pick), {n: old[n][parent[m]] for n in old}, rng)
             for name, value in values.items():
                 columns[name][m] = value
             # the member's next improvement is measured from its parent's weights and fitness
@@ -553,6 +628,19 @@ class PBTHost(DriverHost):
                 "old_hparams": {name: values[m] for name, values in old.items()},
                 "new_hparams": {name: values[m] for name, values in new.items()},
             })
+
+    def _keep_constraints(self, values: dict[str, float], parent: dict[str, float], rng) -> dict[str, float]:
+        """A PB2 pick that breaks a constraint: redrawn from the prior, else the parent's values (as in the
+        compiled explore)."""
+        cs = self.config.constraints
+        if not cs or constraints.satisfied(cs, values):
+            return values
+        names, space = sorted({n for c in cs for n in c.names}), self.config.space
+        for _ in range(constraints.TRIES):
+            draw = {**values, **{n: float(space[n].sample_numpy(rng, 1)[0]) for n in names}}
+            if constraints.satisfied(cs, draw):
+                return draw
+        return {**values, **{n: parent[n] for n in names}}
 
     def _log_round(self, env_steps, hparams, parent, fitness) -> None:
         """One ``lineage.csv`` row per member: who it copied (itself when not replaced), its fitness at the round
@@ -597,7 +685,7 @@ def with_prior_hparams(ctx: BuildContext, config: PBTConfig) -> BuildContext:
     """``ctx`` with the initial hparams of the PBT space drawn from the prior, except those the user fixed
     (``hparams``) or sampled (``search_space``)."""
     keep = set(ctx.config.hparams) | set(ctx.config.search_space)
-    return dataclasses.replace(ctx, hparams=initial_hparams(ctx.setup_key, ctx.hparams, config.space, keep))
+    return dataclasses.replace(ctx, hparams=initial_hparams(ctx.setup_key, ctx.hparams, config.space, keep, config))
 
 
 def with_pbt(build_inner: Callable[[BuildContext], Driver], config: PBTConfig,
