@@ -135,7 +135,7 @@ class SpaceOrName(Kind):
     """A named prior of ``SEARCH_SPACES`` or ``{hparam: {low, high, log, integer}}`` (checked with the learner)."""
 
     def describe(self) -> str:
-        return f"one of {', '.join(SEARCH_SPACES)} or {{hparam: {{low, high, log, integer}}}}"
+        return f"one of {', '.join(SEARCH_SPACES)} or {{hparam: {{low, high, log, integer}} or {{choices}}}}"
 
     def convert(self, value, context=None):
         if isinstance(value, str):

@@ -151,7 +151,8 @@ def validate_space(space: Any, hparams_cls, *, at: Sequence[str | int] = ("searc
     names, ranges inside each hparam's bounds, integer ranges for integer hparams."""
     bounds = hparam_bounds(hparams_cls)
     if not isinstance(space, Mapping):
-        fail(f"expected {{hparam: {{low, high, log, integer}}}}, got {show(space)}", at=at, nested=nested)
+        fail(f"expected {{hparam: {{low, high, log, integer}} or {{choices}}}}, got {show(space)}", at=at,
+             nested=nested)
     out = {}
     for name, raw in space.items():
         if name not in bounds:
