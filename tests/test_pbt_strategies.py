@@ -468,3 +468,14 @@ def test_bad_constraints_are_one_line_before_anything_runs(raw, message):
     with pytest.raises(ConfigError) as err:
         parse({"search_space": "td3", **raw})
     assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+
+
+def test_train_help_lists_the_strategy_options_from_the_schema(capsys):
+    from popjax import cli
+
+    assert cli.main(["train", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("one of resample, perturb, pb2", "one of truncation, sigma", "one of top, non_bottom",
+                 "one of full, policy", "reset_optimizer", "subpopulations", "frequencies", "threshold_std",
+                 "threshold_abs", "constraints", "--schedule FILE", "independent: schedule"):
+        assert text in out, text

@@ -31,6 +31,7 @@ Choices:
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import math
 import warnings
@@ -48,6 +49,7 @@ from popjax import plots
 from popjax.distributed import fetch
 from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, DriverOptions, run_config
 from popjax.drivers.independent import make_population
+from popjax.drivers.schedule import ancestry, best_member
 from popjax.learners.base import ReplayStep, RolloutStep
 from popjax.population import constraints, selection, tree
 from popjax.population.constraints import Constraint
@@ -55,7 +57,20 @@ from popjax.population.hparams import Range, hparams_table, validate_space
 from popjax.population.pb2 import PB2
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.registry import LEARNERS
-from popjax.schema import Bool, Float, Int, Invalid, Kind, Number, NumberList, OneOf, problem, show, validate
+from popjax.schema import (
+    Bool,
+    ConfigError,
+    Float,
+    Int,
+    Invalid,
+    Kind,
+    Number,
+    NumberList,
+    OneOf,
+    problem,
+    show,
+    validate,
+)
 from popjax.types import Key, PyTree
 
 EXPLORE_MODES = ("resample", "perturb", "pb2")
@@ -731,8 +746,21 @@ def pbt_run_plots(run_dir) -> list:
         written.append(plots.pbt_lineage_plot(summary.get("lineage", []), int(cfg["pop_size"]),
                                               float(summary.get("env_steps", cfg["total_env_steps"])),
                                               run_dir.path / "plots" / "pbt_lineage.png",
-                                              final_returns=summary.get("final_returns")))
+                                              final_returns=summary.get("final_returns"),
+                                              winner=_winner_line(run_dir, summary)))
     return written
+
+
+def _winner_line(run_dir, summary) -> list[tuple[float, int]] | None:
+    """``[(env steps, member)]``: the best final member's line through every copy (from lineage.csv), or None."""
+    path = run_dir.path / "lineage.csv"
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        member = best_member(summary.get("final_returns", []))
+    except (OSError, ConfigError):
+        return None
+    return [(float(row["env_steps"]), int(row["member"])) for row in ancestry(rows, member)] if rows else None
 
 
 DEFINITION = DriverDef(name="pbt", build=build, options=PBTOptions, plots=pbt_run_plots,

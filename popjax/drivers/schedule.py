@@ -29,24 +29,35 @@ from popjax.schema import Int, Invalid, Kind, Schema, problem, show
 Entry = dict[str, Any]  # {"env_steps": int, "hparams": {name: value}}
 
 
-def best_schedule(rounds: Sequence[Mapping[str, Any]], final_returns: Sequence[float],
-                  names: Sequence[str]) -> tuple[int, list[Entry]]:
-    """``(member, schedule)``: the best final member (highest final return, NaN last) and the hparams its lineage
-    trained with, one entry per round from round 0, read from lineage.csv rows (``round``, ``member``, ``parent``,
-    ``env_steps`` and one column per name)."""
+def best_member(final_returns: Sequence[float]) -> int:
+    """The member with the highest finite final return (the lower index on a tie)."""
     finite = [(r, m) for m, r in enumerate(final_returns) if r is not None and math.isfinite(r)]
     if not finite:
         raise ConfigError("run_dir: no member has a finite final return; there is no best schedule")
-    best = max(finite, key=lambda rm: (rm[0], -rm[1]))[1]
+    return max(finite, key=lambda rm: (rm[0], -rm[1]))[1]
+
+
+def ancestry(rounds: Sequence[Mapping[str, Any]], member: int) -> list[Mapping[str, Any]]:
+    """The lineage.csv rows of ``member``'s line, oldest first: at each round the member that held its weights
+    from there on (followed back through every ``parent``)."""
     by_round: dict[int, dict[int, Mapping[str, Any]]] = {}
     for row in rounds:
         by_round.setdefault(int(row["round"]), {})[int(row["member"])] = row
-    schedule, member = [], best
+    line = []
     for r in sorted(by_round, reverse=True):
         row = by_round[r][member]
-        schedule.append({"env_steps": int(row["env_steps"]), "hparams": {n: _number(row[n]) for n in names}})
+        line.append(row)
         member = int(row["parent"])
-    return best, schedule[::-1]
+    return line[::-1]
+
+
+def best_schedule(rounds: Sequence[Mapping[str, Any]], final_returns: Sequence[float],
+                  names: Sequence[str]) -> tuple[int, list[Entry]]:
+    """``(member, schedule)``: the best final member and the hparams its line trained with, one entry per round
+    from round 0, from lineage.csv rows (``round``, ``member``, ``parent``, ``env_steps``, one column per name)."""
+    best = best_member(final_returns)
+    return best, [{"env_steps": int(row["env_steps"]), "hparams": {n: _number(row[n]) for n in names}}
+                  for row in ancestry(rounds, best)]
 
 
 def _number(value) -> int | float:
