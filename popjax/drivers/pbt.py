@@ -8,6 +8,16 @@ its state adds a ``PBTRecord`` (fitness window, counts, last round), so the whol
 after an evaluation (record the returns, check readiness, exploit and explore) is one
 compiled ``after_eval``; only the lineage is written on the host.
 
+Every part of the round is an option (``PBTConfig``), so a strategy is data, not a branch elsewhere:
+  * who is replaced and from whom: ``selection`` (``truncation``, or Isaac Lab's ``sigma`` threshold), ``parents``
+    (``top`` or the release's ``non_bottom``), or multi-frequency PBT's ``subpopulations``/``frequencies``
+    (``popjax.population.selection``);
+  * what is copied: ``copy`` (``full`` or the release's ``policy``, the learner's declared ``policy_state``) and
+    ``reset_optimizer`` (its declared ``optimizer_state``);
+  * the new hparams: ``explore`` (``resample``, ``perturb``, or ``pb2``: proposed on the host by
+    ``PBTHost.propose`` with ``popjax.population.pb2`` and written by the compiled ``set_hparams``), kept inside
+    the ``constraints`` (``popjax.population.constraints``).
+
 Choices:
   * The loser copies the parent's **whole learner state**: networks, targets, optimizer
     states and step counters (the release copies only the policy). The replay buffer is
