@@ -9,7 +9,8 @@ Arms (same population size, network, batch, env steps, evaluations and prior: th
 
 One run directory per (arm, seed) under ``--out``; ``results/pbt_strategies_pendulum/<arm>_s<seed>.json`` keeps
 each run's numbers (final best return, best return, final returns, wall time). ``--arm table`` prints the
-comparison: per-seed final best return and the paired difference to random search.
+comparison per seed and the paired difference to random search, for the final best return (the best member at
+the end: what tuning delivers), the best return over the run, and the population's mean final return.
 
     PYTHONPATH=. .venv/bin/python experiments/pbt_strategies_pendulum.py --seeds 0,1,2
 """
@@ -80,6 +81,8 @@ def paired_ci(diffs: list[float], draws: int = 10_000) -> tuple[float, float]:
 
 def table(metric: str = "final_best") -> None:
     records = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*_s*.json"))]
+    for r in records:
+        r["final_mean"] = float(np.mean(r["final_returns"]))
     by = {(r["arm"], r["seed"]): r for r in records}
     seeds = sorted({r["seed"] for r in records})
     print(f"{metric}:")
@@ -108,14 +111,15 @@ def main() -> None:
     parser.add_argument("--out", default="runs/pbt_strategies_pendulum")
     args = parser.parse_args()
     if args.arm == "table":
-        table("final_best")
-        return table("best_return")
+        for metric in ("final_best", "best_return", "final_mean"):
+            table(metric)
+        return None
     arms = list(ARMS) if args.arm == "all" else args.arm.split(",")
     for seed in (int(s) for s in args.seeds.split(",")):
         for arm in arms:
             run(arm, seed, args)
-    table("final_best")
-    table("best_return")
+    for metric in ("final_best", "best_return", "final_mean"):
+        table(metric)
 
 
 if __name__ == "__main__":
