@@ -479,3 +479,9 @@ def test_train_help_lists_the_strategy_options_from_the_schema(capsys):
                  "one of full, policy", "reset_optimizer", "subpopulations", "frequencies", "threshold_std",
                  "threshold_abs", "constraints", "--schedule FILE", "independent: schedule"):
         assert text in out, text
+
+
+def test_pb2_fits_identical_inputs():
+    X = np.array([[0.5, 0.2, 0.3, 0.3]] * 3 + [[1.0, 0.4, 0.6, 0.1]])  # three members copied from one parent
+    gp = pb2.GP(X, np.array([1.0, 1.0, 1.0, -1.0]), np.array([1.0, 1e5, 1e-5]))
+    assert np.isfinite(gp.mean(X)).all() and np.isfinite(gp.variance(X)).all()

@@ -133,12 +133,25 @@ def fit(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
     return np.exp(result.x), -float(result.fun)
 
 
+def robust_cholesky(K: np.ndarray) -> np.ndarray:
+    """The lower Cholesky factor of ``K`` plus a jitter, raised tenfold (up to 1e-2) while ``K`` is not positive
+    definite (identical inputs: members copied from one parent)."""
+    jitter = JITTER
+    while True:
+        try:
+            return cholesky(K + jitter * np.eye(len(K)), lower=True)
+        except np.linalg.LinAlgError:
+            if jitter >= 1e-2:
+                raise
+            jitter *= 10
+
+
 class GP:
     """A fitted GP: posterior mean (from the data) and variance (from the data plus pending inputs)."""
 
     def __init__(self, X: np.ndarray, y: np.ndarray, theta: np.ndarray):
         self.X, self.theta = X, theta
-        self.L = cholesky(kernel(X, X, theta) + JITTER * np.eye(len(y)), lower=True)
+        self.L = robust_cholesky(kernel(X, X, theta))
         self.alpha = cho_solve((self.L, True), y)
 
     def mean(self, Xq: np.ndarray) -> np.ndarray:
@@ -146,7 +159,7 @@ class GP:
 
     def variance(self, Xq: np.ndarray, pending: np.ndarray | None = None) -> np.ndarray:
         X = self.X if pending is None or not len(pending) else np.vstack([self.X, pending])
-        L = self.L if X is self.X else cholesky(kernel(X, X, self.theta) + JITTER * np.eye(len(X)), lower=True)
+        L = self.L if X is self.X else robust_cholesky(kernel(X, X, self.theta))
         v = solve_triangular(L, kernel(X, Xq, self.theta), lower=True)
         return np.maximum(self.theta[0] - (v ** 2).sum(0), 0.0)
 
