@@ -8,6 +8,8 @@ times them beside the eager baseline and names the fastest PyTorch variant at ea
 
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -182,3 +184,27 @@ def test_the_update_study_names_the_fastest_pytorch_variant(tmp_path, monkeypatc
     assert vmap["speedup_vs_torch_vmap"] == pytest.approx(rows["torch_vmap"]["ms_per_pop_step"]
                                                           / vmap["ms_per_pop_step"])
     assert rows["torch_vmap"]["steps_per_call"] == 2 and rows["torch_vmap"]["compile"] is None  # eager: no compile
+
+
+def test_the_accelerator_preset_runs_the_update_study_and_names_the_device(tmp_path, monkeypatch):
+    """``popjax bench accelerator`` at tiny sizes on the CPU: the update study with the preset's learners,
+    written as update_<device>.json whose machine record names the device."""
+    from popjax import cli
+    from popjax_bench import accelerator, common
+
+    monkeypatch.setattr(common, "load_average", lambda: [0.1, 0.1, 0.1])
+    monkeypatch.setattr(common, "others_cpu_share", lambda since: 0.0)
+    monkeypatch.setattr(common, "PEAK_N", 128)
+    defaults = accelerator.Options()
+    assert defaults.pops[-1] == 256 and defaults.learners == ("td3", "sac") and defaults.memory_fit
+    code = cli.main(["bench", "accelerator", "--pop", "2", "--hidden", "8", "--batch-size", "4", "--k", "2",
+                     "--impl", "vmap,torch_vmap", "--torch-threads", "1", "--no-memory-fit", "--no-plot",
+                     "--min-time", "0", "--out", str(tmp_path)])
+    assert code == 0
+    assert accelerator.device_slug() == "cpu"
+    payload = json.loads((tmp_path / "update_cpu.json").read_text())
+    assert payload["study"] == "update" and payload["machine"]["devices"][0]["platform"] == "cpu"
+    rows = [r for r in payload["results"] if "skipped" not in r]
+    assert {(r["learner"], r["impl"]) for r in rows} == {(learner, impl) for learner in ("td3", "sac")
+                                                          for impl in ("vmap", "torch_vmap")}
+    assert all(r["pop"] == 2 and r["torch_best"] == "torch_vmap" for r in rows)
