@@ -55,15 +55,22 @@ def _torch_noise(key, shape):
     return torch.from_numpy(np.array(jax.random.normal(key, shape)))
 
 
+def _three_ways(learner, hp, seed, module, load, functions):
+    """One member three ways from the same JAX init: the jitted JAX state and step, the eager PyTorch module
+    (``module``, loaded with ``load``) and the functional form (``functions``) with its state and hparams."""
+    state = jax.jit(learner.init)(jax.random.key(seed), hp)
+    member = module(5, 3, (16, 16), tr.hparams_dict(hp))
+    load(member, state)
+    fns = functions(member)
+    return (state, jax.jit(one_update(learner)), member, fns, fns.init_state(member),
+            tf.hparam_tensors(tr.hparams_dict(hp)))
+
+
 def test_functional_td3_step_equals_the_jax_learner_and_the_eager_modules():
-    learner = td3.make_td3(td3.TD3Config(hidden=(16, 16), batch_size=8), SPEC)
     hp = td3.default_hparams()  # policy_delay 2: steps 2 and 4 update the actor and targets
-    state = jax.jit(learner.init)(jax.random.key(0), hp)
-    step_fn = jax.jit(one_update(learner))
-    member = tr.TorchTD3(5, 3, (16, 16), tr.hparams_dict(hp))
-    tr.load_td3_from_jax(member, state)
-    fns = tf.TD3Functions(member)
-    functional, hps = fns.init_state(member), tf.hparam_tensors(tr.hparams_dict(hp))
+    state, step_fn, member, fns, functional, hps = _three_ways(td3.make_td3(td3.TD3Config(hidden=(16, 16)), SPEC),
+                                                               hp, 0, tr.TorchTD3, tr.load_td3_from_jax,
+                                                               tf.TD3Functions)
     rng = np.random.default_rng(0)
     for step in range(4):
         batch, key = _batch(rng), jax.random.key(100 + step)
@@ -84,14 +91,10 @@ def test_functional_td3_step_equals_the_jax_learner_and_the_eager_modules():
 
 
 def test_functional_sac_step_equals_the_jax_learner_and_the_eager_modules():
-    learner = sac.make_sac(sac.SACConfig(hidden=(16, 16), batch_size=8), SPEC)
     hp = sac.default_hparams()
-    state = jax.jit(learner.init)(jax.random.key(1), hp)
-    step_fn = jax.jit(one_update(learner))
-    member = tr.TorchSAC(5, 3, (16, 16), tr.hparams_dict(hp))
-    tr.load_sac_from_jax(member, state)
-    fns = tf.SACFunctions(member)
-    functional, hps = fns.init_state(member), tf.hparam_tensors(tr.hparams_dict(hp))
+    state, step_fn, member, fns, functional, hps = _three_ways(sac.make_sac(sac.SACConfig(hidden=(16, 16)), SPEC),
+                                                               hp, 1, tr.TorchSAC, tr.load_sac_from_jax,
+                                                               tf.SACFunctions)
     rng = np.random.default_rng(1)
     for step in range(3):
         batch, key = _batch(rng), jax.random.key(200 + step)
