@@ -101,15 +101,50 @@ def table(metric: str = "final_best") -> None:
         print(f"| {arm} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {np.nanmean(values):.1f} | {text} |")
 
 
+def plot(out: Path) -> Path:
+    """Mean over seeds of the best member's return vs env steps, one line per arm (from the runs' metrics.csv)."""
+    import csv
+    from collections import defaultdict
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm in ARMS:
+        curves = []
+        for run_dir in sorted(out.glob(f"{arm}_s*")):
+            best = defaultdict(lambda: -float("inf"))
+            with (run_dir / "metrics.csv").open(newline="") as f:
+                for row in csv.DictReader(f):
+                    best[float(row["env_steps"])] = max(best[float(row["env_steps"])], float(row["eval_return"]))
+            curves.append([best[k] for k in sorted(best)])
+            steps = sorted(best)
+        if curves:
+            ax.plot(steps, np.mean(curves, axis=0), label=f"{arm} (n = {len(curves)})")
+    ax.set_xlabel("env steps per member")
+    ax.set_ylabel("best member's return (mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("TD3 on probe:pendulum, pop 8: PBT strategies vs random search", fontsize=10)
+    path = HERE / "plots" / "pbt_strategies_pendulum.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arm", default="all", help="an arm, all, or table")
+    parser.add_argument("--arm", default="all", help="an arm, all, table, or plot (from the runs in --out)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--interval", type=int, default=2_000)
     parser.add_argument("--update-ratio", type=float, default=1.0)
     parser.add_argument("--out", default="runs/pbt_strategies_pendulum")
     args = parser.parse_args()
+    if args.arm == "plot":
+        return print(plot(Path(args.out)))
     if args.arm == "table":
         for metric in ("final_best", "best_return", "final_mean"):
             table(metric)
