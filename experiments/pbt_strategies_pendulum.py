@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from results import pbt_strategies_pendulum
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "pbt_strategies_pendulum"
 ARMS = {
@@ -71,34 +73,9 @@ def run(arm: str, seed: int, args) -> dict:
     return record
 
 
-def paired_ci(diffs: list[float], draws: int = 10_000) -> tuple[float, float]:
-    """95 % bootstrap interval of the mean paired difference (seeded resampling of the seeds)."""
-    rng = np.random.default_rng(0)
-    d = np.asarray(diffs)
-    means = d[rng.integers(0, len(d), (draws, len(d)))].mean(axis=1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
-def table(metric: str = "final_best") -> None:
-    records = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*_s*.json"))]
-    for r in records:
-        r["final_mean"] = float(np.mean(r["final_returns"]))
-    by = {(r["arm"], r["seed"]): r for r in records}
-    seeds = sorted({r["seed"] for r in records})
-    print(f"{metric}:")
-    print("| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | paired difference to random |")
-    print("|---|" + "---|" * (len(seeds) + 2))
-    for arm in ARMS:
-        values = [by[(arm, s)][metric] if (arm, s) in by else float("nan") for s in seeds]
-        diffs = [by[(arm, s)][metric] - by[("random", s)][metric]
-                 for s in seeds if (arm, s) in by and ("random", s) in by]
-        text = ""
-        if arm != "random" and diffs:
-            text = f"mean {np.mean(diffs):+.1f}; per seed " + ", ".join(f"{d:+.1f}" for d in diffs)
-            if len(diffs) >= 4:
-                low, high = paired_ci(diffs)
-                text += f"; 95 % bootstrap CI [{low:+.1f}, {high:+.1f}]"
-        print(f"| {arm} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {np.nanmean(values):.1f} | {text} |")
+def table() -> None:
+    """The comparison table of RESULTS.md, generated from the per-seed JSON (``experiments/results.py``)."""
+    print("\n".join(pbt_strategies_pendulum()))
 
 
 def plot(out: Path) -> Path:
@@ -146,15 +123,12 @@ def main() -> None:
     if args.arm == "plot":
         return print(plot(Path(args.out)))
     if args.arm == "table":
-        for metric in ("final_best", "best_return", "final_mean"):
-            table(metric)
-        return None
+        return table()
     arms = list(ARMS) if args.arm == "all" else args.arm.split(",")
     for seed in (int(s) for s in args.seeds.split(",")):
         for arm in arms:
             run(arm, seed, args)
-    for metric in ("final_best", "best_return", "final_mean"):
-        table(metric)
+    table()
 
 
 if __name__ == "__main__":
