@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: install run test test-slow test-processes lint bench results clean
+.PHONY: install run test test-slow test-processes lint bench bench-accelerator results clean
 
 $(STAMP): pyproject.toml benchmarks/pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -85,6 +85,13 @@ bench: $(STAMP)
 results: $(STAMP)
 	$(BIN)/python experiments/results.py
 	$(BIN)/popjax bench report
+
+# The fast-PBT paper's Fig. 2 (update vs N up to 256, TD3 and SAC, popjax against JAX sequential and the PyTorch
+# variants on the same device) on whatever accelerator JAX sees; writes benchmarks/results/update_<device>.json
+# (+ .png) naming the device. On a GPU machine install jax[cuda12] and a CUDA PyTorch wheel first.
+bench-accelerator: $(STAMP)
+	$(BENCH) accelerator $(QUIET)
+	$(BENCH) report
 
 clean:
 	rm -rf $(VENV) runs

@@ -553,6 +553,49 @@ def memr_pendulum_30k_paired() -> list[str]:
     return memr_paired_table("memr_pendulum/results_30k.json")
 
 
+# --- PBT strategies (issue 28) ---------------------------------------------------------------------------------
+
+PBT_ARMS = ("pbt", "pb2", "mfpbt", "random")
+PBT_METRICS = {"final_best": "final best member", "best_return": "best member at any evaluation",
+               "final_mean": "population mean final return"}
+
+
+def pbt_strategy_records() -> dict[tuple[str, int], dict]:
+    """``(arm, seed) -> record`` of experiments/results/pbt_strategies_pendulum/<arm>_s<seed>.json, with the
+    population's mean final return added as ``final_mean``."""
+    records = {}
+    for path in sorted((RESULTS / "pbt_strategies_pendulum").glob("*_s*.json")):
+        r = json.loads(path.read_text())
+        records[(r["arm"], r["seed"])] = r | {"final_mean": float(np.mean(r["final_returns"]))}
+    return records
+
+
+@table
+def pbt_strategies_pendulum() -> list[str]:
+    """Each PBT strategy against random search at equal compute, per seed, with the mean paired difference and its
+    95 % paired bootstrap interval (seeds drawn jointly); one row per arm and metric."""
+    records = pbt_strategy_records()
+    seed_ids = sorted({seed for _, seed in records})
+    rows = []
+    for metric, label in PBT_METRICS.items():
+        base = [records[("random", s)][metric] for s in seed_ids]
+        for arm in PBT_ARMS:
+            values = [records[(arm, s)][metric] for s in seed_ids]
+            paired = ""
+            if arm != "random":
+                ci = stats.paired_ci(values, base, reps=REPS)
+                wins = sum(v > b for v, b in zip(values, base, strict=True))
+                paired = (f"{ci.point:+.1f} [{ci.low:+.1f}, {ci.high:+.1f}], better on {wins} of {len(base)}"
+                          if len(base) >= stats.MIN_BOOTSTRAP_SEEDS else f"n<{stats.MIN_BOOTSTRAP_SEEDS}")
+            rows.append([label, arm, *(num(v, 1) for v in values), mean_sd(values, 1), paired])
+    below = {arm: sum(v < -500 for (a, _), r in records.items() if a == arm for v in r["final_returns"])
+             for arm in PBT_ARMS}
+    members = {arm: sum(len(r["final_returns"]) for (a, _), r in records.items() if a == arm) for arm in PBT_ARMS}
+    return md(["metric", "arm", *(f"seed {s}" for s in seed_ids), "mean ± SD", "paired Δ vs random [95 % CI]"],
+              rows) + ["", "Members whose final return is below -500 (hparams that never learn): " + ", ".join(
+                  f"{arm} {below[arm]} of {members[arm]}" for arm in PBT_ARMS) + "."]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a table differs")

@@ -1,4 +1,4 @@
-"""The ``popjax`` command: train | resume | plot | export | compare | export-returns | bench.
+"""The ``popjax`` command: train | resume | plot | export | compare | export-returns | pbt-schedule | bench.
 
 User errors (bad options, unknown names, malformed YAML, unreadable config files) print one
 line and exit with status 2, never a traceback; internal errors keep their traceback (status 1).
@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--preset", default=None, choices=("auto", "none"),
                        help="auto (default): tuned rl-zoo values for known learner/env pairs fill the options not "
                             "given (see popjax/presets.py); none: the library's bare defaults")
+    train.add_argument("--schedule", type=Path, default=None, metavar="FILE",
+                       help="replay a PBT winner's hparam schedule (written by popjax pbt-schedule) without PBT: "
+                            "the independent driver's schedule option")
     train.add_argument("--overwrite", action="store_true",
                        help="replace the run in --out (only a directory popjax created; only its own files go)")
 
@@ -198,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
     returns.add_argument("--algorithm", default=None, help="algorithm name in the file (default: the learner)")
     returns.add_argument("--out", type=Path, default=None,
                          help="file to write (default <run name>-marl-eval.json here; never overwritten)")
+
+    schedule = sub.add_parser("pbt-schedule", help="write the best PBT member's hparam schedule as YAML",
+                              description="Follow the best final member of a PBT run back through every copy "
+                              "(lineage.csv) and write the hparams it trained with at every round as YAML; "
+                              "replay it with popjax train --schedule FILE.")
+    schedule.add_argument("run_dir", type=Path)
+    schedule.add_argument("--out", type=Path, default=None, help="file to write (default <run_dir>/schedule.yaml)")
 
     # `popjax bench --help` lists the studies; `popjax bench <study> --help` its options. The studies are
     # the separate popjax-bench distribution (benchmarks/ in the repository), found when it is installed.
@@ -313,30 +323,30 @@ def _schema_epilog(docs, flagged: set[str]) -> list[str]:
     return lines
 
 
-def _load_yaml(path: Path) -> dict[str, Any]:
+def _load_yaml(path: Path, flag: str = "--config") -> dict[str, Any]:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"--config: file {path} not found") from None
+        raise ConfigError(f"{flag}: file {path} not found") from None
     except IsADirectoryError:
-        raise ConfigError(f"--config: {path} is a directory, not a YAML file") from None
+        raise ConfigError(f"{flag}: {path} is a directory, not a YAML file") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"--config: {path} is not a text file") from None
+        raise ConfigError(f"{flag}: {path} is not a text file") from None
     except OSError as err:
-        raise ConfigError(f"--config: cannot read {path} ({err.strerror or err})") from None
+        raise ConfigError(f"{flag}: cannot read {path} ({err.strerror or err})") from None
     try:
         data = load_yaml_text(text)
     except DuplicateKey as err:
         raise ConfigError(f"{err.key}: duplicate key in {path} (line {err.line})") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"--config: {path} is not valid YAML ({str(err).splitlines()[0]})") from None
+        raise ConfigError(f"{flag}: {path} is not valid YAML ({str(err).splitlines()[0]})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"--config: {path} must hold a mapping of options, got {type(data).__name__}")
+        raise ConfigError(f"{flag}: {path} must hold a mapping of options, got {type(data).__name__}")
     for key in data:
         if not isinstance(key, str):
-            raise ConfigError(f"--config: {path}: option names are strings, got {key!r}")
+            raise ConfigError(f"{flag}: {path}: option names are strings, got {key!r}")
     return data
 
 
@@ -356,6 +366,14 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
     args.set = [(name, _yaml_value(name, text)) for name, text in args.set]  # YAML values, one-line errors
 
     options.update(dict(args.set))
+    if args.schedule is not None:
+        from popjax.drivers.schedule import schedule_options
+
+        if options.get("driver", "independent") != "independent":
+            raise ConfigError(f"driver: --schedule trains without PBT (allowed: independent), got "
+                              f"{options['driver']!r}")
+        options["driver"] = "independent"
+        options["independent"] = schedule_options(_load_yaml(args.schedule, "--schedule"), args.schedule)
     if args.preset is not None:
         options["preset"] = args.preset
     if args.no_progress:
@@ -428,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
             from popjax.experiment import resume
 
             _print_results(resume(args.run_dir, **({"progress": False} if args.no_progress else {})))
+        elif args.command == "pbt-schedule":
+            from popjax.experiment import pbt_schedule
+
+            print(pbt_schedule(args.run_dir, args.out))
         elif args.command == "plot":
             from popjax.experiment import plot_run
 
@@ -462,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"popjax: error: {err}", file=sys.stderr)
         return 1
     except (FileNotFoundError, ValueError) as err:
-        if args.command in ("plot", "resume", "export", "compare", "export-returns"):  # bad run directory
+        if args.command in ("plot", "resume", "export", "compare", "export-returns", "pbt-schedule"):  # bad run dir
             print(f"popjax: error: {err}", file=sys.stderr)
             return 2
         raise

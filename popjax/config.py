@@ -127,7 +127,7 @@ class RunConfig:
         "pop_size values", json_schema_extra={"allowed": "{name: value or [values]}, within each hparam's bounds"})
     search_space: Options = Field(
         default_factory=dict, description="hyperparameters sampled per member from a prior",
-        json_schema_extra={"allowed": "{name: {low, high, log, integer}} inside the hparam's bounds"})
+        json_schema_extra={"allowed": "{name: {low, high, log, integer} or {choices: [...]}} inside its bounds"})
     # {driver name: its options}; in YAML, the CLI and keyword options each is a block named
     # after its driver (``pbt: {interval: 5000}``), so a new driver needs no field here.
     driver_options: Options = Field(

@@ -291,6 +291,35 @@ def _writer_lock(path: Path):
     return RunLock(path) if distributed.is_writer() else contextlib.nullcontext()
 
 
+def pbt_schedule(run_dir, out: str | Path | None = None) -> Path:
+    """Writes the best final member's hparam schedule of a PBT run (its lineage followed back through every copy,
+    from lineage.csv) as YAML, by default ``<run_dir>/schedule.yaml``; ``popjax train --schedule`` replays it.
+    Raises a one-line ConfigError when the run has no lineage or no summary (it has not finished)."""
+    import csv
+
+    import yaml
+
+    from popjax.drivers.schedule import best_schedule
+
+    rd = RunDir(run_dir)
+    cfg = rd.read_config()
+    lineage = rd.path / "lineage.csv"
+    if not lineage.is_file():
+        raise ConfigError(f"run_dir: {rd.path} has no lineage.csv (a pbt run writes it when it finishes)")
+    with lineage.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    summary = rd.read_summary()
+    names = [n for n in (rows[0] if rows else {}) if n not in ("round", "member", "parent", "fitness", "env_steps")]
+    member, schedule = best_schedule(rows, summary.get("final_returns", []), names)
+    data = {"learner": cfg["learner"], "env": cfg["env"], "source": str(rd.path), "member": member,
+            "final_return": summary["final_returns"][member], "schedule": schedule}
+    path = Path(out) if out is not None else rd.path / "schedule.yaml"
+    if path.is_dir():
+        raise ConfigError(f"out: {path} is a folder, not a file")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def plot_run(run_dir) -> list[Path]:
     """Regenerates every plot of a run directory (learning curves, then the driver's); returns the paths.
 
@@ -340,6 +369,8 @@ def _finish(loop: Loop, state, env_state) -> Run:
         loop.checkpointer.close()
         summary = loop.summary(state)
         loop.run_dir.write_summary(summary)
+        for name, rows in loop.driver.host.tables(state).items():
+            loop.run_dir.write_table(name, rows)
         if loop.run_dir.writes:
             try:
                 plot_run(loop.run_dir.path)

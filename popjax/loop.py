@@ -293,7 +293,8 @@ class Loop:
         return gather_rows(self.runner.evaluate(key, compiled, state, np.arange(actors), spec.episodes))
 
     def after_eval(self, state, returns: np.ndarray):
-        """The driver's compiled ``after_eval`` (global: it sees every member), then its host record."""
+        """The driver's compiled ``after_eval`` (global: it sees every member), then the hparams its host proposes
+        (if any) written by the compiled ``set_hparams``."""
         info = None
         if self.driver.after_eval is not None:
             key = self.key(KeyPurpose.AFTER_EVAL)
@@ -302,6 +303,11 @@ class Loop:
                                     out_shardings=(self.state_shardings, None))
             state, info = program(key, state, returns_device)
             info = fetch(info)
+            hparams = self.driver.host.propose(state, info)
+            if hparams is not None:  # a host decision (PB2), written by a compiled call traced once
+                program = self.compiler("set_hparams", self.driver.set_hparams, state, hparams, donate=(0,),
+                                        out_shardings=self.state_shardings)
+                state = program(state, hparams)
         return state, info
 
     # --- the loop ------------------------------------------------------------------------------

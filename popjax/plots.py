@@ -88,9 +88,10 @@ def pbt_hparams_plot(rows: list[dict[str, float]], names: list[str], path: Path,
 
 
 def pbt_lineage_plot(lineage: list[dict], pop_size: int, total_env_steps: float, path: Path, title: str = "",
-                     final_returns: list[float] | None = None) -> Path:
-    """PBT lineage: one line per member slot, coloured by the original member its weights descend
-    from; each exploit is an arrow from the parent's slot to the replaced member's slot."""
+                     final_returns: list[float] | None = None, winner: list[tuple[float, int]] | None = None) -> Path:
+    """PBT lineage as a tree: one line per member slot, coloured by the original member its weights descend
+    from; each exploit is an arrow from the parent's slot to the replaced member's slot. ``winner``
+    (``[(env steps, member)]`` from round 0) is the best final member's line, drawn in black."""
     plt = pyplot()
     cmap = plt.get_cmap("tab10" if pop_size <= 10 else "tab20")
     color = lambda a: cmap(a % cmap.N)
@@ -113,6 +114,14 @@ def pbt_lineage_plot(lineage: list[dict], pop_size: int, total_env_steps: float,
         ax.plot([start[m], total_env_steps], [m, m], lw=3, color=color(ancestor[m]), solid_capstyle="butt")
         if final_returns is not None and m < len(final_returns):
             ax.text(total_env_steps, m, f"  {final_returns[m]:.4g}", va="center", fontsize=7)
+    if winner:
+        points = [*winner, (total_env_steps, winner[-1][1])]
+        xs, ys = [], []
+        for (t, m), (t_next, m_next) in zip(points, points[1:], strict=False):
+            xs += [t, t_next, t_next]
+            ys += [m, m, m_next]
+        ax.plot(xs, ys, color="black", lw=1.2, ls="--", label="the best final member's line")
+        ax.legend(fontsize=7, loc="lower right")
     ax.set_yticks(range(pop_size))
     ax.set_ylabel("member")
     ax.set_xlabel("env steps per member")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import json
 import math
 import os
@@ -30,7 +31,8 @@ MARKER = ".popjax-run"  # popjax created this directory: it may be replaced with
 LOCK = ".popjax-lock"  # the process writing the run: "<pid> <host>"
 # What popjax writes into a run directory (files, and patterns inside its folders); overwrite removes
 # these and nothing else.
-OUTPUT_FILES = ("config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", MARKER)
+OUTPUT_FILES = ("config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", MARKER, "lineage.csv",
+                "schedule.yaml")
 OUTPUT_PATTERNS = {"checkpoints": ("[0-9]*", "damaged-*", "*.orbax-checkpoint-tmp-*"), "plots": ("*.png",),
                    "tensorboard": ("events.out.tfevents.*",)}
 
@@ -216,6 +218,17 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.metrics_path)
+
+    @_writing
+    def write_table(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """``name`` (a CSV file of the run's outputs, e.g. lineage.csv) with ``rows``, written atomically."""
+        self._ensure()
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else _cell(v) for k, v in row.items()} for row in rows)
+        _atomic_write(self.path / name, text.getvalue())
 
     @_writing
     def write_summary(self, summary: Mapping[str, Any]) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+from rundir_helpers import TINY
 
 from popjax.loop import Compiler
 
@@ -18,3 +21,19 @@ def compilers(monkeypatch) -> list[Compiler]:
 
     monkeypatch.setattr(Compiler, "__init__", recording_init)
     return made
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A tiny finished run (``rundir_helpers.TINY``), trained once per test module."""
+    import popjax
+
+    return popjax.train(out_dir=tmp_path_factory.mktemp("runs") / "run", **TINY)
+
+
+@pytest.fixture
+def run_copy(finished, tmp_path):
+    """A copy of ``finished`` that the test may damage."""
+    out = tmp_path / "run"
+    shutil.copytree(finished.out_dir, out)
+    return out

@@ -8,6 +8,8 @@ times them beside the eager baseline and names the fastest PyTorch variant at ea
 
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -53,15 +55,22 @@ def _torch_noise(key, shape):
     return torch.from_numpy(np.array(jax.random.normal(key, shape)))
 
 
+def _three_ways(learner, hp, seed, module, load, functions):
+    """One member three ways from the same JAX init: the jitted JAX state and step, the eager PyTorch module
+    (``module``, loaded with ``load``) and the functional form (``functions``) with its state and hparams."""
+    state = jax.jit(learner.init)(jax.random.key(seed), hp)
+    member = module(5, 3, (16, 16), tr.hparams_dict(hp))
+    load(member, state)
+    fns = functions(member)
+    return (state, jax.jit(one_update(learner)), member, fns, fns.init_state(member),
+            tf.hparam_tensors(tr.hparams_dict(hp)))
+
+
 def test_functional_td3_step_equals_the_jax_learner_and_the_eager_modules():
-    learner = td3.make_td3(td3.TD3Config(hidden=(16, 16), batch_size=8), SPEC)
     hp = td3.default_hparams()  # policy_delay 2: steps 2 and 4 update the actor and targets
-    state = jax.jit(learner.init)(jax.random.key(0), hp)
-    step_fn = jax.jit(one_update(learner))
-    member = tr.TorchTD3(5, 3, (16, 16), tr.hparams_dict(hp))
-    tr.load_td3_from_jax(member, state)
-    fns = tf.TD3Functions(member)
-    functional, hps = fns.init_state(member), tf.hparam_tensors(tr.hparams_dict(hp))
+    state, step_fn, member, fns, functional, hps = _three_ways(td3.make_td3(td3.TD3Config(hidden=(16, 16)), SPEC),
+                                                               hp, 0, tr.TorchTD3, tr.load_td3_from_jax,
+                                                               tf.TD3Functions)
     rng = np.random.default_rng(0)
     for step in range(4):
         batch, key = _batch(rng), jax.random.key(100 + step)
@@ -82,14 +91,10 @@ def test_functional_td3_step_equals_the_jax_learner_and_the_eager_modules():
 
 
 def test_functional_sac_step_equals_the_jax_learner_and_the_eager_modules():
-    learner = sac.make_sac(sac.SACConfig(hidden=(16, 16), batch_size=8), SPEC)
     hp = sac.default_hparams()
-    state = jax.jit(learner.init)(jax.random.key(1), hp)
-    step_fn = jax.jit(one_update(learner))
-    member = tr.TorchSAC(5, 3, (16, 16), tr.hparams_dict(hp))
-    tr.load_sac_from_jax(member, state)
-    fns = tf.SACFunctions(member)
-    functional, hps = fns.init_state(member), tf.hparam_tensors(tr.hparams_dict(hp))
+    state, step_fn, member, fns, functional, hps = _three_ways(sac.make_sac(sac.SACConfig(hidden=(16, 16)), SPEC),
+                                                               hp, 1, tr.TorchSAC, tr.load_sac_from_jax,
+                                                               tf.SACFunctions)
     rng = np.random.default_rng(1)
     for step in range(3):
         batch, key = _batch(rng), jax.random.key(200 + step)
@@ -182,3 +187,27 @@ def test_the_update_study_names_the_fastest_pytorch_variant(tmp_path, monkeypatc
     assert vmap["speedup_vs_torch_vmap"] == pytest.approx(rows["torch_vmap"]["ms_per_pop_step"]
                                                           / vmap["ms_per_pop_step"])
     assert rows["torch_vmap"]["steps_per_call"] == 2 and rows["torch_vmap"]["compile"] is None  # eager: no compile
+
+
+def test_the_accelerator_preset_runs_the_update_study_and_names_the_device(tmp_path, monkeypatch):
+    """``popjax bench accelerator`` at tiny sizes on the CPU: the update study with the preset's learners,
+    written as update_<device>.json whose machine record names the device."""
+    from popjax import cli
+    from popjax_bench import accelerator, common
+
+    monkeypatch.setattr(common, "load_average", lambda: [0.1, 0.1, 0.1])
+    monkeypatch.setattr(common, "others_cpu_share", lambda since: 0.0)
+    monkeypatch.setattr(common, "PEAK_N", 128)
+    defaults = accelerator.Options()
+    assert defaults.pops[-1] == 256 and defaults.learners == ("td3", "sac") and defaults.memory_fit
+    code = cli.main(["bench", "accelerator", "--pop", "2", "--hidden", "8", "--batch-size", "4", "--k", "2",
+                     "--impl", "vmap,torch_vmap", "--torch-threads", "1", "--no-memory-fit", "--no-plot",
+                     "--min-time", "0", "--out", str(tmp_path)])
+    assert code == 0
+    assert accelerator.device_slug() == "cpu"
+    payload = json.loads((tmp_path / "update_cpu.json").read_text())
+    assert payload["study"] == "update" and payload["machine"]["devices"][0]["platform"] == "cpu"
+    rows = [r for r in payload["results"] if "skipped" not in r]
+    assert {(r["learner"], r["impl"]) for r in rows} == {(learner, impl) for learner in ("td3", "sac")
+                                                          for impl in ("vmap", "torch_vmap")}
+    assert all(r["pop"] == 2 and r["torch_best"] == "torch_vmap" for r in rows)

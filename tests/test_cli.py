@@ -168,10 +168,10 @@ def test_popjax_alone_lists_the_commands_and_exits_2(capsys):
     lines = captured.err.splitlines()
     assert captured.out == ""
     assert lines[0] == ("popjax: error: command: missing (allowed: train, resume, plot, export, compare, "
-                        "export-returns, bench)")
+                        "export-returns, pbt-schedule, bench)")
     for command, help_start in [("train", "train a population"), ("resume", "continue a killed"),
                                 ("plot", "(re)draw the plots"), ("export", "write a member's actor"),
-                                ("bench", "speed benchmarks")]:
+                                ("pbt-schedule", "write the best PBT member's"), ("bench", "speed benchmarks")]:
         assert any(line.split()[:1] == [command] and help_start in line for line in lines[1:]), (command, lines)
 
 

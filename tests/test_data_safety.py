@@ -4,38 +4,17 @@ Every refusal is a one-line ``ConfigError`` and leaves the directory byte for by
 """
 
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
+from rundir_helpers import TINY, snapshot
 
 import popjax
 from popjax import cli
 from popjax.checkpoint import Checkpointer
 from popjax.rundir import LOCK, MARKER
-
-TINY = dict(learner="td3", env="probe:pendulum", pop_size=2, total_env_steps=300, rollout_len=50, warmup_steps=100,
-            eval_interval=100, eval_episodes=1, batch_size=16, buffer_size=500, learner_config={"hidden": [8, 8]},
-            progress=False)
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    return popjax.train(out_dir=tmp_path_factory.mktemp("runs") / "run", **TINY)
-
-
-@pytest.fixture
-def run_copy(finished, tmp_path):
-    out = tmp_path / "run"
-    shutil.copytree(finished.out_dir, out)
-    return out
-
-
-def snapshot(path):
-    """Every file under ``path`` with its bytes (and the directories, so a new empty one shows)."""
-    return {p.relative_to(path): (p.read_bytes() if p.is_file() else None) for p in sorted(path.rglob("*"))}
 
 
 def refused(match, fn, *args, **kwargs):

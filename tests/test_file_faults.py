@@ -12,23 +12,11 @@ import shutil
 import subprocess
 
 import pytest
-from test_data_safety import TINY, snapshot
+from rundir_helpers import snapshot
 
 import popjax
 from popjax import cli
 from popjax.rundir import RunDir
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    return popjax.train(out_dir=tmp_path_factory.mktemp("runs") / "run", **TINY)
-
-
-@pytest.fixture
-def run_copy(finished, tmp_path):
-    out = tmp_path / "run"
-    shutil.copytree(finished.out_dir, out)
-    return out
 
 
 @contextlib.contextmanager

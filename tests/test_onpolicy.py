@@ -124,6 +124,32 @@ def test_a2c_loss_by_hand():
     np.testing.assert_allclose(loss, pg + 0.5 * VALUE_LOSS - 0.01 * ENTROPY, rtol=1e-6)
 
 
+def test_truncated_is_weights_by_hand():
+    current, behaviour = jnp.log(jnp.array([0.5, 0.2])), jnp.log(jnp.array([0.25, 0.4]))  # ratios 2 and 0.5
+    np.testing.assert_allclose(onpolicy.truncated_is_weights(current, behaviour, 1.0), [1.0, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(onpolicy.truncated_is_weights(current, behaviour, 3.0), [2.0, 0.5], rtol=1e-6)
+
+
+def test_a2c_truncated_is_loss_by_hand():
+    loss, metrics = onpolicy.a2c_truncated_is_loss(LOSS_PARAMS, FixedNet, LOSS_BATCH, 1.0, 0.01, 0.5, False)
+    # pi(a) = (0.75, 0.25, 0.75), mu(a) = (0.5, 0.25, 1): ratios (1.5, 1, 0.75), truncated at 1: (1, 1, 0.75)
+    pg = -(1.0 * math.log(0.75) * 2.0 + 1.0 * math.log(0.25) * -1.0 + 0.75 * math.log(0.75) * -3.0) / 3
+    np.testing.assert_allclose(metrics["pg_loss"], pg, rtol=1e-6)
+    np.testing.assert_allclose(metrics["is_weight"], 2.75 / 3, rtol=1e-6)
+    np.testing.assert_allclose(loss, pg + 0.5 * VALUE_LOSS - 0.01 * ENTROPY, rtol=1e-6)
+
+
+def test_truncated_is_scales_the_policy_gradient_by_the_truncation():
+    """On-policy (mu = pi) every ratio is 1: is_clip >= 1 gives A2C's gradient, is_clip = 0.5 half of its
+    policy-gradient part (no value or entropy term here)."""
+    on_policy = LOSS_BATCH.replace(old_log_prob=jnp.log(jnp.array([0.75, 0.25, 0.75])))
+    plain = jax.grad(lambda p: onpolicy.a2c_loss(p, FixedNet, on_policy, 0.0, 0.0, False)[0])(LOSS_PARAMS)
+    for c_bar, scale in ((1.0, 1.0), (4.0, 1.0), (0.5, 0.5)):
+        grads = jax.grad(lambda p, c=c_bar: onpolicy.a2c_truncated_is_loss(p, FixedNet, on_policy, c, 0.0, 0.0,
+                                                                           False)[0])(LOSS_PARAMS)
+        np.testing.assert_allclose(grads["logits"], scale * plain["logits"], rtol=1e-6, atol=1e-7)
+
+
 def test_tanh_gaussian_log_prob_and_actions_in_range():
     mean, log_std = jnp.array([[0.0, 1.0]]), jnp.array([[0.0, math.log(2.0)]])
     u = np.array([0.5, -1.0])
@@ -255,6 +281,28 @@ def test_a2c_eq6_gradient_at_the_behaviour_params_applied_to_the_current_ones(ki
     lagged, _ = update(jax.random.key(3), state, trajectory, hp, behaviour)
     assert_trees_close(lagged.params, a2c_plain(net, state, trajectory, hp, behaviour.params), atol=1e-6, rtol=1e-5)
     assert trees_differ(lagged.params, same.params)
+
+
+@pytest.mark.parametrize("kind", ["discrete", "continuous"])
+def test_a2c_truncated_is_takes_the_gradient_at_the_current_params(kind):
+    definition, learner, spec = tiny("a2c", kind, lag_correction="truncated_is")
+    _, eq6, _ = tiny("a2c", kind)
+    hp = definition.default_hparams(None).replace(max_grad_norm=jnp.float32(100.0))
+    state = learner.init(jax.random.key(0), hp)
+    behaviour = learner.init(jax.random.key(1), hp)
+    trajectory = random_trajectory(jax.random.key(2), spec)
+    update = jax.jit(learner.step.update)
+    same, metrics = update(jax.random.key(3), state, trajectory, hp, state)  # on-policy: plain A2C
+    assert_trees_close(same.params, jax.jit(eq6.step.update)(jax.random.key(3), state, trajectory, hp, state)[0].params,
+                       atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(metrics["is_weight"], 1.0, rtol=1e-6)
+    lagged, metrics = update(jax.random.key(3), state, trajectory, hp, behaviour)
+    net = onpolicy.network((8, 8), spec)
+    batch = onpolicy.behaviour_batch(net, behaviour.params, trajectory, hp.discount, hp.gae_lambda)
+    grads = jax.grad(lambda p: onpolicy.a2c_truncated_is_loss(p, net, batch, 1.0, hp.ent_coef, hp.vf_coef,
+                                                              False)[0])(state.params)
+    assert_trees_close(lagged.params, adam_step(state.params, grads, state.opt, hp.lr)[0], atol=1e-6, rtol=1e-5)
+    assert float(metrics["is_weight"]) < 1.0  # another policy collected the data: weights truncated below 1
 
 
 def test_ppo_takes_old_log_probs_and_advantages_from_the_behaviour_state():

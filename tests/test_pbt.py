@@ -211,7 +211,7 @@ def test_search_spaces_match_the_learners_hparams():
     ({"intervall": 5}, "pbt.intervall: unknown key (allowed: interval, quantile"),
     ({"quantile": 0.6}, "pbt.quantile: must lie in (0, 0.5]"),
     ({"quantile": 0.1}, "pbt.quantile: int(0.1 x pop_size 4) = 0"),
-    ({"explore": "mutate"}, "pbt.explore: 'mutate' unknown (allowed: resample, perturb)"),
+    ({"explore": "mutate"}, "pbt.explore: 'mutate' unknown (allowed: resample, perturb, pb2)"),
     ({"perturb_factors": [0.8, -1]}, "pbt.perturb_factors"),
     ({"resample_probability": 2}, "pbt.resample_probability: must lie in [0, 1]"),
     ({"fitness_window": 0}, "pbt.fitness_window: must lie in [1, 1000], got 0"),

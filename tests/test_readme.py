@@ -76,3 +76,28 @@ def test_the_results_table_never_cuts_numbers(width, tmp_path, monkeypatch, caps
     cli._print_results(run)
     out = capsys.readouterr().out
     assert "0.0001234" in out and "0.006789" in out and "exploration_noise" in out and "…" not in out
+
+
+TUNING = README[README.index("## Tuning with PBT"):README.index("## Several devices")]
+TUNING_COMMANDS = [shlex.split(line.split("  #")[0]) for line in re.search(r"```bash\n(.*?)```", TUNING, re.S)
+                   .group(1).splitlines() if line.startswith("popjax ")]
+# Tiny sizes for the tuning commands (pop 8 and the strategies are the README's).
+TUNING_FLAGS = ["--steps", "1200", "--warmup", "200", "--rollout-len", "20", "--eval-interval", "200",
+                "--eval-episodes", "1", "--batch-size", "16", "--buffer-size", "1200",
+                "--learner-config", "hidden=[8, 8]", "--no-progress"]
+
+
+@pytest.mark.processes
+def test_the_tuning_with_pbt_commands_run_in_order(tmp_path, monkeypatch, capsys):
+    from test_pbt import enable_xla_cache
+
+    enable_xla_cache()
+    monkeypatch.chdir(tmp_path)
+    assert [c[1] for c in TUNING_COMMANDS] == ["train"] * 7 + ["pbt-schedule", "train"]
+    for command in TUNING_COMMANDS:
+        argv = command[1:] + (TUNING_FLAGS if command[1] == "train" else [])
+        code = cli.main(argv)
+        assert code == 0, (command, capsys.readouterr().err[-2000:])
+    runs = tmp_path / "runs"
+    assert all((runs / name / "lineage.csv").exists() for name in ("pbt", "pb2", "sigma", "mfpbt", "release"))
+    assert (runs / "pbt" / "schedule.yaml").exists() and (runs / "replay" / "summary.json").exists()

@@ -274,7 +274,7 @@ def test_bad_input_is_one_line_naming_the_field_and_nothing_is_written(case, var
     ({"learner": "dqn", "env": "probe:cartpole", "learner_config": {"target_update_period": 0}},
      "learner_config.target_update_period: must lie in [1, 1000000000], got 0"),
     ({"search_space": {"actor_lr": {"low": 1e-4, "high": 1e-3, "lg": True}}},
-     "search_space.actor_lr.lg: unknown key (allowed: low, high, log, integer)"),
+     "search_space.actor_lr.lg: unknown key (allowed: low, high, log, integer, choices)"),
     ({"hparams": {"actor_lr": [1e-3, 1e-3, -1, 1e-3]}}, "hparams.actor_lr[2]: must lie in (0, 1], got -1.0"),
     ({"learner_config": {"widths": [3]}}, "learner_config.widths: unknown key (allowed: hidden, fixed_policy_delay)"),
 ])

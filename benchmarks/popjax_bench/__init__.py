@@ -14,6 +14,8 @@ Studies:
 - ``update``: one population-wide update step vs N: popjax vmap (1 and K steps per call),
   JAX sequential, PyTorch sequential (paper Fig. 2); ``--processes P``: vmap over the devices of P
   local processes (``jax.distributed``) against 1 process with as many devices;
+- ``accelerator``: ``update`` with the paper's sizes (N up to 256, TD3 and SAC, every implementation) on
+  whatever accelerator JAX sees, written as ``update_<backend>_<device kind>.json`` (``make bench-accelerator``);
 - ``roofline``: dense-matmul GFLOP/s vs achieved GFLOP/s of the TD3/SAC population update;
 - ``compile``: compile time of the K-step population update vs N (paper Table 3);
 - ``envstep``: ms per env interaction, gym MuJoCo (host) and brax (jitted, vmapped) (Table 2);
@@ -58,11 +60,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-STUDIES = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "spo", "hts",
-           "sparse_inference", "report")
+STUDIES = ("update", "accelerator", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per",
+           "spo", "hts", "sparse_inference", "report")
 
 _HELP = {
     "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
+    "accelerator": "the paper's Fig. 2 (update vs N up to 256, every implementation, PyTorch on the same device) "
+                   "on whatever accelerator JAX sees, written as update_<device>.json",
     "roofline": "matmul peak GFLOP/s vs achieved GFLOP/s of the TD3/SAC population update",
     "compile": "compile time of the K-step population update vs N",
     "envstep": "ms per env interaction, gym MuJoCo and brax",

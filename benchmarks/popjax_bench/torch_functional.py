@@ -46,7 +46,8 @@ def _params(module) -> dict[str, Any]:
 
 def _adam_state(params: dict[str, Any]) -> dict[str, Any]:
     zeros = {n: torch.zeros_like(p) for n, p in params.items()}
-    return {"m": zeros, "v": {n: torch.zeros_like(p) for n, p in params.items()}, "t": torch.zeros(())}
+    device = next(iter(params.values())).device
+    return {"m": zeros, "v": {n: torch.zeros_like(p) for n, p in params.items()}, "t": torch.zeros((), device=device)}
 
 
 def _adam(params, grads, opt, lr):
@@ -192,12 +193,13 @@ def unstack(tree: Any, n: int) -> list[Any]:
     return [torch.utils._pytree.tree_map(lambda x, i=i: x[i], tree) for i in range(n)]
 
 
-def hparam_tensors(hp: dict[str, float], pop: int | None = None) -> dict[str, Any]:
+def hparam_tensors(hp: dict[str, float], pop: int | None = None, device: str = "cpu") -> dict[str, Any]:
     """Hparams as float32 tensors: scalars, or ``[pop]`` (one per member) for the vectorized variants."""
-    return {k: torch.full(() if pop is None else (pop,), float(v)) for k, v in hp.items()}
+    return {k: torch.full(() if pop is None else (pop,), float(v), device=device) for k, v in hp.items()}
 
 
-def population(variant: str, fns, states: list[dict[str, Any]], hp: dict[str, float]) -> Callable:
+def population(variant: str, fns, states: list[dict[str, Any]], hp: dict[str, float],
+               device: str = "cpu") -> Callable:
     """``update(batches, noises, policy_step) -> metrics`` for one population step of ``variant``.
 
     ``batches``/``noises``: per member (lists) for ``torch_compile``, stacked ``[pop, ...]`` for the vmap
@@ -205,7 +207,7 @@ def population(variant: str, fns, states: list[dict[str, Any]], hp: dict[str, fl
     pop = len(states)
     if variant == "torch_compile":
         step = torch.compile(fns.step, dynamic=False)
-        hps = hparam_tensors(hp)
+        hps = hparam_tensors(hp, device=device)
         holder = {"states": list(states)}
 
         def update(batches, noises, policy_step):
@@ -219,7 +221,7 @@ def population(variant: str, fns, states: list[dict[str, Any]], hp: dict[str, fl
                  for flag in (False, True)}
         if variant == "torch_vmap_compile":
             vstep = {flag: torch.compile(fn, dynamic=False) for flag, fn in vstep.items()}
-        hps = hparam_tensors(hp, pop)
+        hps = hparam_tensors(hp, pop, device)
         holder = {"states": stack(states)}
 
         def update(batches, noises, policy_step):

@@ -452,7 +452,7 @@ def prepare_torch_functional(p: Problem, pop: int, opts, variant: str, threads: 
         members = [module(obs_dim, act, p.config.hidden, hp, dev) for _ in range(pop)]
         # One functions object per problem: torch_compile's member graph then compiles once for every N.
         fns = _TORCH_FUNCTIONS.setdefault(p, tf.FUNCTIONS[p.learner](members[0]))
-        update = tf.population(variant, fns, [fns.init_state(m) for m in members], hp)
+        update = tf.population(variant, fns, [fns.init_state(m) for m in members], hp, dev)
         del members
         vectorized = variant != "torch_compile"
         if vectorized:

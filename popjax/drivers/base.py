@@ -11,6 +11,8 @@ everything that evolves (learner states, buffers, hparams, driver variables) and
     ...at evaluations:
     returns         = <evaluation>(policy, state)                 # deterministic episodes
     state, info     = after_eval(key, state, returns)             # optional (PBT exploit, bandit)
+    hparams         = host.propose(state, info)                   # optional host decision (PB2)
+    state           = set_hparams(state, hparams)                 #   written by a compiled call
     host.record(state, env_steps, returns, info)                  # untraceable records (lineage)
 
 On the JAX env path the first three are traced into one compiled call; on the host path
@@ -140,6 +142,17 @@ class DriverHost:
         """Fields of summary.json beyond the loop's own (they override the loop's on a clash)."""
         return {"hparams": hparams_table(self.hparams(state))}
 
+    def tables(self, state) -> dict[str, list[dict[str, Any]]]:
+        """CSV files the run directory gets at the end of the run (``{file name: rows}``; PBT's lineage.csv)."""
+        del state
+        return {}
+
+    def propose(self, state, info) -> Any | None:
+        """Hparams ``[pop]`` the host chose after ``after_eval`` (PB2's GP bandit), which the loop writes into the
+        state with the driver's compiled ``set_hparams`` before ``record``; None: nothing to change."""
+        del state, info
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Host records to checkpoint (JSON)."""
         return {}
@@ -176,6 +189,7 @@ class Driver(NamedTuple):
       acting_view: optional ``state -> state``: the state with only what ``act`` reads (e.g. no
         replay buffer); the loop snapshots it to act while ``learn`` runs (``overlap``).
       maintenance: optional ``Maintenance``, run every ``every`` updates per member.
+      set_hparams: optional ``(state, hparams [pop]) -> state``: writes the hparams ``host.propose`` chose.
     """
 
     init: Callable[[Key], Any]
@@ -190,6 +204,7 @@ class Driver(NamedTuple):
     after_eval: Callable[[Key, Any, jax.Array], tuple[Any, Any]] | None = None
     acting_view: Callable[[Any], Any] | None = None
     maintenance: Maintenance | None = None
+    set_hparams: Callable[[Any, Any], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

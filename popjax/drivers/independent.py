@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
+from pydantic import Field, ValidationInfo, model_validator
 
 from popjax.config import ConfigError
 from popjax.drivers.base import (
@@ -34,6 +35,7 @@ from popjax.drivers.base import (
     Driver,
     DriverDef,
     DriverHost,
+    DriverOptions,
     Episodes,
     Rollout,
     train_unless,
@@ -46,8 +48,10 @@ from popjax.drivers.replay import (
     shrink_replay,
     writes_back,
 )
+from popjax.drivers.schedule import Schedule, with_schedule
 from popjax.envs.runner import Experience
 from popjax.learners.base import ReplayStep, RolloutStep
+from popjax.schema import validate
 from popjax.types import Key, Trajectory, dummy_transition
 
 
@@ -181,5 +185,33 @@ def _check_rollout_shape(ctx: BuildContext, rollout: Rollout) -> None:
 
 POPULATIONS = {ReplayStep: _replay_population, RolloutStep: _rollout_population}
 
-DEFINITION = DriverDef(name="independent", build=lambda ctx, options: make_population(ctx),
-                       steps=(ReplayStep, RolloutStep), sources=None)
+class IndependentOptions(DriverOptions):
+    """``independent`` options."""
+
+    schedule: Any = Field(
+        None, description="replay a PBT winner's hparam schedule: the file popjax pbt-schedule writes (popjax train "
+        "--schedule FILE sets it); every member starts from its first hparams and switches where PBT switched",
+        json_schema_extra={"allowed": "{learner, env, schedule: [{env_steps, hparams}], ...}"})
+
+    @model_validator(mode="after")
+    def _schedule(self, info: ValidationInfo):
+        if self.schedule is not None and not isinstance(self.schedule, Schedule):
+            self.schedule = validate(Schedule, self.schedule, at=("schedule",), context=info.context, nested=True)
+        return self
+
+    def given(self, raw):
+        return {**super().given(raw), **({"schedule": self.schedule.model_dump()} if "schedule" in raw else {})}
+
+    def searched_hparams(self) -> frozenset[str]:
+        return frozenset() if self.schedule is None else self.schedule.hparams()
+
+
+def build(ctx: BuildContext, options: IndependentOptions) -> Driver:
+    """Members trained apart; with a ``schedule``, their hparams follow it."""
+    if options.schedule is None:
+        return make_population(ctx)
+    return with_schedule(ctx, make_population, options.schedule)
+
+
+DEFINITION = DriverDef(name="independent", build=build, options=IndependentOptions, steps=(ReplayStep, RolloutStep),
+                       sources=None)

@@ -8,6 +8,16 @@ its state adds a ``PBTRecord`` (fitness window, counts, last round), so the whol
 after an evaluation (record the returns, check readiness, exploit and explore) is one
 compiled ``after_eval``; only the lineage is written on the host.
 
+Every part of the round is an option (``PBTConfig``), so a strategy is data, not a branch elsewhere:
+  * who is replaced and from whom: ``selection`` (``truncation``, or Isaac Lab's ``sigma`` threshold), ``parents``
+    (``top`` or the release's ``non_bottom``), or multi-frequency PBT's ``subpopulations``/``frequencies``
+    (``popjax.population.selection``);
+  * what is copied: ``copy`` (``full`` or the release's ``policy``, the learner's declared ``policy_state``) and
+    ``reset_optimizer`` (its declared ``optimizer_state``);
+  * the new hparams: ``explore`` (``resample``, ``perturb``, or ``pb2``: proposed on the host by
+    ``PBTHost.propose`` with ``popjax.population.pb2`` and written by the compiled ``set_hparams``), kept inside
+    the ``constraints`` (``popjax.population.constraints``).
+
 Choices:
   * The loser copies the parent's **whole learner state**: networks, targets, optimizer
     states and step counters (the release copies only the policy). The replay buffer is
@@ -31,8 +41,10 @@ Choices:
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Annotated, Any
@@ -47,15 +59,34 @@ from popjax import plots
 from popjax.distributed import fetch
 from popjax.drivers.base import BuildContext, Counters, Driver, DriverDef, DriverHost, DriverOptions, run_config
 from popjax.drivers.independent import make_population
+from popjax.drivers.schedule import ancestry, best_member
 from popjax.learners.base import ReplayStep, RolloutStep
-from popjax.population import tree
+from popjax.population import constraints, selection, tree
+from popjax.population.constraints import Constraint
 from popjax.population.hparams import Range, hparams_table, validate_space
+from popjax.population.pb2 import PB2
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.registry import LEARNERS
-from popjax.schema import Bool, Float, Int, Invalid, Kind, Number, NumberList, OneOf, problem, show, validate
+from popjax.schema import (
+    Bool,
+    ConfigError,
+    Float,
+    Int,
+    Invalid,
+    Kind,
+    Number,
+    NumberList,
+    OneOf,
+    problem,
+    show,
+    validate,
+)
 from popjax.types import Key, PyTree
 
-EXPLORE_MODES = ("resample", "perturb")
+EXPLORE_MODES = ("resample", "perturb", "pb2")
+SELECTIONS = ("truncation", "sigma")
+PARENTS = ("top", "non_bottom")
+COPIES = ("full", "policy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +102,18 @@ class PBTConfig:
       fitness_window: fitness = mean of the member's last this-many evaluations.
       copy_buffer: losers also copy the parent's replay buffer.
       search_space: ``((name, Range), ...)`` sorted by name: the explored hparams and their priors.
+      selection: ``truncation`` (bottom/top ``quantile``) or ``sigma`` (Isaac Lab's mean ± k·σ rule).
+      threshold_std, threshold_abs: ``sigma``'s k and absolute margin A.
+      parents: ``top`` (the top quantile, or the leaders under ``sigma``) or ``non_bottom`` (every valid member
+        that is not replaced: the fast-PBT release).
+      copy: ``full`` (the whole learner state) or ``policy`` (only ``policy_state``: the release).
+      reset_optimizer: replaced members start the optimizer states of what they copied afresh.
+      policy_state: the learner state's policy fields (dotted paths; ``LearnerDef.policy_state``).
+      optimizer_state: ``((optimizer field, params field), ...)`` of the learner state (``LearnerDef``).
+      subpopulations, frequencies: multi-frequency PBT (``selection.multi_frequency``): sub-population sizes in
+        member order and their evolution periods in rounds; empty: one population.
+      constraints: relations the explored hparams keep (``popjax.population.constraints``).
+      feasible: ``((name, value), ...)`` satisfying every constraint (the start's fallback).
     """
 
     interval: int = 10_000
@@ -81,6 +124,18 @@ class PBTConfig:
     fitness_window: int = 1
     copy_buffer: bool = False
     search_space: tuple[tuple[str, Range], ...] = ()
+    selection: str = "truncation"
+    threshold_std: float = 0.1
+    threshold_abs: float = 0.05
+    parents: str = "top"
+    copy: str = "full"
+    reset_optimizer: bool = False
+    policy_state: tuple[str, ...] = ()
+    optimizer_state: tuple[tuple[str, str], ...] = ()
+    subpopulations: tuple[int, ...] = ()
+    frequencies: tuple[int, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+    feasible: tuple[tuple[str, float], ...] = ()
 
     def num_losers(self, pop_size: int) -> int:
         return int(self.quantile * pop_size)
@@ -91,7 +146,8 @@ class PBTConfig:
 
 
 PBT_KEYS = ("interval", "quantile", "explore", "perturb_factors", "resample_probability", "fitness_window",
-            "copy_buffer", "search_space")
+            "copy_buffer", "search_space", "selection", "threshold_std", "threshold_abs", "parents", "copy",
+            "reset_optimizer", "subpopulations", "frequencies", "constraints")
 
 
 def default_interval(total_env_steps: int, eval_interval: int) -> int:
@@ -104,7 +160,7 @@ class SpaceOrName(Kind):
     """A named prior of ``SEARCH_SPACES`` or ``{hparam: {low, high, log, integer}}`` (checked with the learner)."""
 
     def describe(self) -> str:
-        return f"one of {', '.join(SEARCH_SPACES)} or {{hparam: {{low, high, log, integer}}}}"
+        return f"one of {', '.join(SEARCH_SPACES)} or {{hparam: {{low, high, log, integer}} or {{choices}}}}"
 
     def convert(self, value, context=None):
         if isinstance(value, str):
@@ -117,16 +173,39 @@ class SpaceOrName(Kind):
         raise self.expected(value)
 
 
+@dataclasses.dataclass(frozen=True)
+class ConstraintList(Kind):
+    """A list of constraint texts (parsed with the run's explored hparams by ``PBTOptions``)."""
+
+    def describe(self) -> str:
+        return "a list of '<hparam> <op> <hparam or number>'"
+
+    def convert(self, value, context=None):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise self.expected(value)
+        return tuple(value)
+
+
+# The option is named ``copy`` as in the issue and the papers; pydantic warns that it shadows BaseModel.copy
+# (deprecated; popjax uses model_copy nowhere on options).
+warnings.filterwarnings("ignore", message='Field name "copy" in "PBTOptions" shadows', category=UserWarning)
+
+
 class PBTOptions(DriverOptions):
-    """``pbt`` options (see ``PBTConfig``)."""
+    """``pbt`` options (see ``PBTConfig``). Each release variant names the fast-PBT paper's and release's choice."""
 
     interval: Int(ge=1, le=2**30) | None = Field(
         None, description="env steps per member between two exploit/explore rounds (checked at evaluations)",
         json_schema_extra={"default": "total_env_steps / 10, at least eval_interval"})
     quantile: Float(gt=0, le=0.5) = Field(
-        0.3, description="fraction replaced at the bottom, and the parents' fraction at the top")
+        0.3, description="fraction replaced at the bottom, and the parents' fraction at the top (fast-PBT paper: "
+        "0.3; its release: 0.4 in train_pbt.py)")
     explore: OneOf(EXPLORE_MODES) = Field(
-        "resample", description="new hparams of a replaced member: resample from the prior, or perturb")
+        "resample", description="new hparams of a replaced member: resample from the prior (paper and release), "
+        "perturb, or pb2 (a time-varying GP bandit fitted to the population's recent improvements; the "
+        "search_space ranges are its bounds)")
     perturb_factors: Annotated[tuple[float, ...], NumberList(
         Number(gt=0), "a non-empty list of positive numbers other than 1", min_len=1)] = Field(
         (0.8, 1.2), description="factors a perturbed hparam is multiplied by")
@@ -138,7 +217,41 @@ class PBTOptions(DriverOptions):
     search_space: Annotated[Any, SpaceOrName()] = Field(
         None, description="the explored hparams and their priors",
         json_schema_extra={"default": "the learner's name (the fast-PBT priors)"})
+    selection: OneOf(SELECTIONS) = Field(
+        "truncation", description="who is replaced: truncation (the bottom quantile), or sigma (Isaac Lab: "
+        "fitness below min(mean - threshold_std * std, mean - threshold_abs); leaders above the mirrored cut)")
+    threshold_std: Float(ge=0, le=100) = Field(0.1, description="sigma selection: k, in population stds "
+                                                                "(Isaac Lab default)")
+    threshold_abs: Float(ge=0) = Field(0.05, description="sigma selection: absolute margin A, in fitness units "
+                                                          "(Isaac Lab default)")
+    parents: OneOf(PARENTS) = Field(
+        "top", description="parents of replaced members: top (the top quantile, or sigma's leaders: the paper) or "
+        "non_bottom (every member not replaced: the fast-PBT release)")
+    copy: OneOf(COPIES) = Field(
+        "full", description="what a replaced member copies: full (learner state: the paper) or policy (the "
+        "policy only, keeping its critic, optimizer and buffer: the fast-PBT release)")
+    reset_optimizer: Bool = Field(
+        False, description="replaced members start the optimizer state of what they copied afresh (the release "
+        "resets the policy's Adam; the paper copies it)")
+    subpopulations: Annotated[tuple[int, ...] | None, NumberList(
+        Number(integer=True, ge=1), "a list of sub-population sizes summing to pop_size", min_len=2)] = Field(
+        None, description="multi-frequency PBT (MF-PBT): sub-population sizes in member order; each evolves every "
+        "interval x its frequency, and its quantile above the bottom takes better members of other sub-populations",
+        json_schema_extra={"default": "none: one population"})
+    frequencies: Annotated[tuple[int, ...] | None, NumberList(
+        Number(integer=True, ge=1, le=1_000_000), "a list of increasing positive integers, one per sub-population",
+        min_len=2, increasing=True)] = Field(
+        None, description="multi-frequency PBT: each sub-population's evolution period in rounds (MF-PBT: "
+        "[1, 10, 25, 50] with rounds of 1M env steps)", json_schema_extra={"default": "none"})
+    constraints: Annotated[tuple[str, ...] | None, ConstraintList()] = Field(
+        None, description="relations the explored hparams keep, e.g. 'noise_clip >= target_noise' or 'policy_delay "
+        "divides 4'; explored values that break one are redrawn (or the parent's kept), never trained",
+        json_schema_extra={"default": "none", "allowed": "a list of '<hparam> <op> <hparam, number or integer run "
+                           "option>', op one of <=, >=, <, >, divides"})
     _space: dict[str, Range] = PrivateAttr(default_factory=dict)
+    _learner: str = PrivateAttr("")
+    _constraints: tuple[Constraint, ...] = PrivateAttr(())
+    _feasible: dict[str, float] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo):
@@ -162,36 +275,126 @@ class PBTOptions(DriverOptions):
         elif isinstance(space, str):
             space = SEARCH_SPACES[space]
         self._space = validate_space(space, hparams_cls, at=("search_space",), nested=True)
+        self._learner = config.learner
+        self._check_release_variants(config)
+        self._check_subpopulations(config)
+        self._check_constraints(config)
         return self
+
+    def _check_constraints(self, config) -> None:
+        if self.explore == "pb2":  # PB2's GP needs numeric bounds for every explored hparam
+            for name, r in self._space.items():
+                if r.choices:
+                    raise problem("pb2 needs a {low, high} bound for every explored hparam; categorical choices have "
+                                  "none (allowed: low and high, or explore: resample or perturb)",
+                                  at=("search_space", name))
+        if not self.constraints:
+            return
+        numbers = {f: getattr(config, f) for f in ("rollout_len", "envs_per_member", "batch_size", "pop_size")
+                   if hasattr(config, f)}
+        parsed = []
+        for i, text in enumerate(self.constraints):
+            try:
+                parsed.append(constraints.parse(text, tuple(self._space), numbers))
+            except Invalid as err:
+                raise problem(str(err), at=("constraints", i)) from None
+        fixed = set(getattr(config, "hparams", {})) | set(getattr(config, "search_space", {}))
+        for i, c in enumerate(parsed):
+            for name in c.names:
+                if name in fixed:
+                    raise problem(f"{name} is set by the run's hparams or search_space; a constrained hparam starts "
+                                  "from the PBT prior (allowed: leave it out there)", at=("constraints", i))
+        try:
+            self._feasible = constraints.feasible_point(self._space, parsed)
+        except Invalid as err:
+            raise problem(str(err), at=("constraints", *err.at)) from None
+        self._constraints = tuple(parsed)
+
+    def _check_subpopulations(self, config) -> None:
+        sizes, frequencies = self.subpopulations, self.frequencies
+        if (sizes is None) != (frequencies is None):
+            missing = "frequencies" if frequencies is None else "subpopulations"
+            raise problem("required with " + ("subpopulations" if missing == "frequencies" else "frequencies") +
+                          " (allowed: one per sub-population)", at=(missing,))
+        if sizes is None:
+            return
+        if sum(sizes) != config.pop_size:
+            raise problem(f"sizes {list(sizes)} sum to {sum(sizes)}, not pop_size {config.pop_size} (allowed: "
+                          f"sizes summing to {config.pop_size})", at=("subpopulations",))
+        if len(frequencies) != len(sizes):
+            raise problem(f"{len(frequencies)} values for {len(sizes)} sub-populations (allowed: one per "
+                          "sub-population)", at=("frequencies",))
+        small = [n for n in sizes if not 1 <= int(self.quantile * n) <= n // 3]
+        if small:
+            raise problem(f"a sub-population of {small[0]} has no distinct top, third and bottom quantile at "
+                          f"quantile {show(self.quantile)} (allowed: sizes n with 1 <= int(quantile x n) <= n/3)",
+                          at=("subpopulations",))
+        for field, value in (("selection", "truncation"), ("parents", "top")):
+            if getattr(self, field) != value:
+                raise problem(f"multi-frequency PBT has its own selection (allowed: {value} with subpopulations)",
+                              at=(field,))
+
+    def _check_release_variants(self, config) -> None:
+        definition = LEARNERS[config.learner]
+        if self.copy == "policy":
+            if not definition.policy_state:
+                offering = ", ".join(n for n, d in LEARNERS.items() if d.policy_state)
+                raise problem(f"the learner {config.learner} declares no policy state to copy alone "
+                              f"(allowed: full; policy with {offering})", at=("copy",))
+            if getattr(config, "driver", "pbt") != "pbt":  # hts carries behaviour states and segments too
+                raise problem(f"policy copies run under the pbt driver, not {config.driver} (allowed: full)",
+                              at=("copy",))
+            if self.copy_buffer:
+                raise problem("a policy-only copy keeps the member's buffer (allowed: false with copy: policy)",
+                              at=("copy_buffer",))
+        if self.reset_optimizer and not definition.optimizer_state:
+            offering = ", ".join(n for n, d in LEARNERS.items() if d.optimizer_state)
+            raise problem(f"the learner {config.learner} declares no optimizer state (allowed: false; true with "
+                          f"{offering})", at=("reset_optimizer",))
 
     def searched_hparams(self) -> frozenset[str]:
         return frozenset(self._space)
 
     def pbt_config(self) -> PBTConfig:
+        definition = LEARNERS[self._learner]
         return PBTConfig(interval=self.interval, quantile=self.quantile, explore=self.explore,
                          perturb_factors=tuple(float(f) for f in self.perturb_factors),
                          resample_probability=self.resample_probability, fitness_window=self.fitness_window,
-                         copy_buffer=self.copy_buffer, search_space=tuple(sorted(self._space.items())))
+                         copy_buffer=self.copy_buffer, search_space=tuple(sorted(self._space.items())),
+                         selection=self.selection, threshold_std=self.threshold_std,
+                         threshold_abs=self.threshold_abs, parents=self.parents, copy=self.copy,
+                         reset_optimizer=self.reset_optimizer, policy_state=tuple(definition.policy_state),
+                         optimizer_state=tuple(sorted(definition.optimizer_state.items())),
+                         subpopulations=tuple(self.subpopulations or ()), frequencies=tuple(self.frequencies or ()),
+                         constraints=self._constraints, feasible=tuple(sorted(self._feasible.items())))
 
 
 def parse_pbt_config(raw: Mapping[str, Any], *, learner: str, hparams_names: tuple[str, ...] = (), pop_size: int,
-                     total_env_steps: int, eval_interval: int) -> PBTConfig:
-    """Validates a ``pbt`` options block for a run with these settings; raises a one-line ConfigError.
+                     total_env_steps: int, eval_interval: int, **run: Any) -> PBTConfig:
+    """Validates a ``pbt`` options block for a run with these settings (``run``: other RunConfig fields, e.g.
+    ``rollout_len`` for constraints); raises a one-line ConfigError.
 
     ``hparams_names`` is unused (kept for callers): the learner's HParams declare the names and bounds.
     """
     del hparams_names
     context = SimpleNamespace(learner=learner, pop_size=pop_size, total_env_steps=total_env_steps,
-                              eval_interval=eval_interval)
+                              eval_interval=eval_interval, **run)
     return validate(PBTOptions, dict(raw or {}), at=("pbt",), context={"config": context}).pbt_config()
 
 
 # --- pure population functions ------------------------------------------------------------------
 
 def perturb_value(key: Key, value: jax.Array, r: Range, factors: tuple[float, ...]) -> jax.Array:
-    """Scales by a random factor (reflected at the bounds, nudged for integers), clipped to ``r``."""
+    """Scales by a random factor (reflected at the bounds, nudged for integers), clipped to ``r``; a categorical
+    value moves to the next choice up (f > 1) or down (reflected at the ends, Ray's list step)."""
     f = jnp.asarray(factors, jnp.float32)[jax.random.randint(key, value.shape, 0, len(factors))]
     x = value.astype(jnp.float32)
+    if r.choices:
+        choices = jnp.asarray(r.choices, jnp.float32)
+        i = jnp.argmin(jnp.abs(x[..., None] - choices), axis=-1)
+        step = jnp.where(f > 1.0, 1, -1)
+        j = jnp.where((i + step < 0) | (i + step >= len(r.choices)), i - step, i + step)
+        return choices[jnp.clip(j, 0, len(r.choices) - 1)]
     # Log ranges scale the value (a step of log f in log space); linear ranges scale the
     # offset from the lower bound, so U[0.9, 1] (discount) moves inside its range too.
     origin = 0.0 if r.log else r.low
@@ -215,7 +418,10 @@ def member_finite(states: PyTree) -> jax.Array:
 
 
 def explore_hparams(key: Key, hparams, config: PBTConfig):
-    """New values for every member's explored hparams (the caller keeps them for losers only)."""
+    """New values for every member's explored hparams (the caller keeps them for losers only); ``pb2`` keeps the
+    parent's here: the host proposes them after the round (``PBTHost.propose``)."""
+    if config.explore == "pb2":
+        return hparams
     pop = tree.size(hparams)
     new = {}
     for i, (name, r) in enumerate(config.search_space):
@@ -231,53 +437,90 @@ def explore_hparams(key: Key, hparams, config: PBTConfig):
     return hparams.replace(**new)
 
 
-def exploit_and_explore(key: Key, states: PyTree, hparams, fitness: jax.Array, config: PBTConfig):
+def exploit_and_explore(key: Key, states: PyTree, hparams, fitness: jax.Array, config: PBTConfig,
+                        round_index: jax.Array | int = 0):
     """One PBT round over the whole population (pure, jit-able with ``config`` static).
 
     Args:
       key: PRNG key (parents and exploration).
-      states: the pytree copied from parent to loser, member axis 0 (the learner state, plus
-        the replay buffer when ``config.copy_buffer``).
+      states: the pytree copied from parent to loser, member axis 0: ``{"learner": ..., ...}`` (the carried
+        fields, plus the replay buffer when ``config.copy_buffer``); any pytree with ``copy: full`` and no
+        ``reset_optimizer``.
       hparams: HParams with ``[pop]`` leaves.
       fitness: ``[pop]`` fitness, higher is better; NaN = broken member.
       config: static PBT settings.
+      round_index: rounds done before this one (multi-frequency PBT's sub-populations evolve by it).
 
     Returns:
-      ``(states, hparams, info)``; ``info`` holds ``loser`` (bool ``[pop]``), ``parent`` (int32
-      ``[pop]``, the member itself for non-losers), ``valid`` (bool ``[pop]``) and ``rank``
-      (int32 ``[pop]``, 0 = best).
+      ``(states, hparams, info)``; ``info`` holds ``loser`` (bool ``[pop]``: copied or explored), ``explored``
+      (bool ``[pop]``: new hparams from ``explore``), ``parent`` (int32 ``[pop]``, whose weights; the member itself
+      when it keeps its own), ``valid`` (bool ``[pop]``) and ``rank`` (int32 ``[pop]``, 0 = best).
     """
     pop = fitness.shape[0]
-    k = config.num_losers(pop)
-    if not 1 <= k <= pop // 2:
-        raise ValueError(f"int(quantile {config.quantile} x pop {pop}) = {k}; need 1 <= losers <= pop/2")
     idx = jnp.arange(pop, dtype=jnp.int32)
     fitness = fitness.astype(jnp.float32)
     valid = ~jnp.isnan(fitness) & member_finite(states)
-    score = jnp.where(valid, fitness, -jnp.inf)
-    # Best first: valid before invalid, then higher fitness, then lower member index.
-    order = jnp.lexsort((idx, -score, ~valid)).astype(jnp.int32)
-    rank = jnp.zeros(pop, jnp.int32).at[order].set(idx)
-    loser = (rank >= pop - k) | ~valid
+    order, rank = selection.rank_members(fitness, valid)
     key_parent, key_explore = jax.random.split(key)
-    winners = order[:k]
-    parent = jnp.where(loser, winners[jax.random.randint(key_parent, (pop,), 0, k)], idx)
-    # Non-losers gather themselves: an exact copy, so no select is needed.
-    new_states = tree.take(states, parent)
-    parent_hparams = tree.take(hparams, parent)
-    new_hparams = tree.where(loser, explore_hparams(key_explore, parent_hparams, config), parent_hparams)
-    return new_states, new_hparams, {"loser": loser, "parent": parent, "valid": valid, "rank": rank}
+    if config.subpopulations:
+        parent, hparams_from, explored = selection.multi_frequency(
+            fitness, valid, round_index, config.subpopulations, config.frequencies, config.quantile)
+    else:
+        if config.selection == "sigma":
+            explored, leaders = selection.sigma_threshold(fitness, valid, config.threshold_std, config.threshold_abs)
+        else:
+            k = config.num_losers(pop)
+            if not 1 <= k <= pop // 2:
+                raise ValueError(f"int(quantile {config.quantile} x pop {pop}) = {k}; need 1 <= losers <= pop/2")
+            explored, leaders = selection.truncation(rank, valid, k)
+        pool = leaders if config.parents == "top" else (valid & ~explored).sum()
+        parent = hparams_from = selection.draw_parents(key_parent, order, explored, pool)
+    loser = explored | (parent != idx)
+    new_states = copy_members(states, parent, loser, config)
+    parent_hparams = tree.take(hparams, hparams_from)
+    new_hparams = tree.where(explored, explore_hparams(key_explore, parent_hparams, config), parent_hparams)
+    new_hparams = constraints.enforce(jax.random.fold_in(key_explore, 1 << 20), new_hparams, parent_hparams,
+                                      config.space, config.constraints, redraw=explored)
+    return new_states, new_hparams, {"loser": loser, "explored": explored, "parent": parent, "valid": valid,
+                                     "rank": rank}
 
 
-def initial_hparams(key: Key, hparams, space: Mapping[str, Range], keep: set[str] | frozenset = frozenset()):
-    """Samples every hparam of ``space`` not in ``keep`` from its prior, per member."""
+def copy_members(states: PyTree, parent: jax.Array, loser: jax.Array, config: PBTConfig) -> PyTree:
+    """``states`` after every member copied its parent's: all of it (``copy: full``) or only the learner state's
+    policy fields (``copy: policy``); with ``reset_optimizer`` a loser's optimizer states of the params it
+    copied start afresh (zeros: a fresh Adam state)."""
+    if config.copy == "full":
+        new, copied = tree.take(states, parent), {params for _, params in config.optimizer_state}
+    else:  # non-losers are their own parents: gathering leaves them as they are
+        learner = states["learner"]
+        for path in config.policy_state:
+            learner = tree.replace_path(learner, path, tree.take(tree.get_path(learner, path), parent))
+        new, copied = {**states, "learner": learner}, set(config.policy_state)
+    if config.reset_optimizer:
+        learner = new["learner"]
+        for opt, params in config.optimizer_state:
+            if params in copied:
+                old = tree.get_path(learner, opt)
+                learner = tree.replace_path(learner, opt, tree.where(loser, jax.tree.map(jnp.zeros_like, old), old))
+        new = {**new, "learner": learner}
+    return new
+
+
+def initial_hparams(key: Key, hparams, space: Mapping[str, Range], keep: set[str] | frozenset = frozenset(),
+                    config: PBTConfig | None = None):
+    """Samples every hparam of ``space`` not in ``keep`` from its prior, per member (with ``config``'s
+    constraints kept: redrawn, else its feasible point)."""
     pop = tree.size(hparams)
     new = {}
     for i, (name, r) in enumerate(sorted(space.items())):
         if name not in keep:
             old = getattr(hparams, name)
             new[name] = r.sample(jax.random.fold_in(key, i), (pop,)).astype(old.dtype)
-    return hparams.replace(**new)
+    hparams = hparams.replace(**new)
+    if config is None or not config.constraints:
+        return hparams
+    fallback = hparams.replace(**{n: jnp.full_like(getattr(hparams, n), v) for n, v in config.feasible})
+    return constraints.enforce(jax.random.fold_in(key, 1 << 20), hparams, fallback, space, config.constraints)
 
 
 
@@ -341,37 +584,67 @@ def pbt_after_eval(key: Key, state, returns: jax.Array, config: PBTConfig, total
     copied = {name: getattr(state, name) for name in carried + (("buffer",) if config.copy_buffer else ())}
 
     def exploit():
-        new, hparams, info = exploit_and_explore(key, copied, state.hparams, fitness, config)
-        return new, hparams, info["loser"], info["parent"]
+        new, hparams, info = exploit_and_explore(key, copied, state.hparams, fitness, config, record.rounds)
+        return new, hparams, info["loser"], info["explored"], info["parent"]
 
     def keep():
-        return copied, state.hparams, jnp.zeros(pop, bool), jnp.arange(pop, dtype=jnp.int32)
+        return copied, state.hparams, jnp.zeros(pop, bool), jnp.zeros(pop, bool), jnp.arange(pop, dtype=jnp.int32)
 
-    copied, hparams, loser, parent = jax.lax.cond(ready, exploit, keep)
+    copied, hparams, loser, explored, parent = jax.lax.cond(ready, exploit, keep)
     record = PBTRecord(window=window, count=jnp.where(loser, 0, record.count + 1),
                        last_ready=jnp.where(ready, steps, record.last_ready), rounds=record.rounds + ready)
-    info = {"ready": ready, "loser": loser, "parent": parent, "fitness": fitness, "old_hparams": state.hparams}
+    info = {"ready": ready, "loser": loser, "explored": explored, "parent": parent, "fitness": fitness,
+            "old_hparams": state.hparams, "env_steps": steps}
     return state.replace(**copied, hparams=hparams, pbt=record), info
 
 
 class PBTHost(DriverHost):
     """Writes the lineage (one entry per replaced member and round) around the host of the driver PBT
-    transforms (``inner``; by default the plain one), which keeps its own rows, records and checkpoints."""
+    transforms (``inner``; by default the plain one), which keeps its own rows, records and checkpoints. With
+    ``explore: pb2`` it also keeps PB2's data and proposes the replaced members' hparams (seeded by the run's
+    ``seed`` and the round's env steps, so a resumed run proposes the same)."""
 
-    def __init__(self, inner: DriverHost | None = None):
+    def __init__(self, inner: DriverHost | None = None, config: PBTConfig | None = None, seed: int = 0):
         self.inner = inner or DriverHost(lambda state: state.hparams)
         super().__init__(self.inner.hparams)
         self.lineage: list[dict[str, Any]] = []
+        self.rounds: list[dict[str, Any]] = []  # lineage.csv: every member at every round (round 0: initial)
+        self.pb2 = PB2(config.search_space) if config is not None and config.explore == "pb2" else None
+        self.config, self.seed = config, seed
+
+    def propose(self, state, info):
+        if self.pb2 is None or not info["ready"]:
+            return None
+        t, fitness, parent = int(info["env_steps"]), np.asarray(info["fitness"]), np.asarray(info["parent"])
+        old = hparams_table(info["old_hparams"])
+        for m in range(len(fitness)):
+            self.pb2.log(m, t, fitness[m], self.pb2.unit({name: old[name][m] for name, _ in self.pb2.space}))
+        losers = np.flatnonzero(info["explored"]).tolist()
+        contexts = [self.pb2.context(int(parent[m]), t) for m in losers]
+        picks = self.pb2.propose(contexts, np.random.default_rng([self.seed, t]))
+        hparams = fetch(self.hparams(state))
+        columns = {name: np.array(getattr(hparams, name)) for name, _ in self.pb2.space}
+        rng = np.random.default_rng([self.seed, t, 1])
+        for m, pick in zip(losers, picks, strict=True):
+            values = self._keep_constraints(self.pb2.values(pick), {n: old[n][parent[m]] for n in old}, rng)
+            for name, value in values.items():
+                columns[name][m] = value
+            # the member's next improvement is measured from its parent's weights and fitness
+            self.pb2.log(m, t, fitness[parent[m]], self.pb2.unit(values))
+        return hparams.replace(**columns)
 
     def rows(self, state, metrics, returns):
         return self.inner.rows(state, metrics, returns)
 
     def record(self, state, env_steps, returns, info) -> None:
         self.inner.record(state, env_steps, returns, info)
+        if not self.rounds:  # round 0: every member's initial hparams
+            self._log_round(0, info["old_hparams"], range(len(returns)), [None] * len(returns))
         if not info["ready"]:
             return
         old, new = hparams_table(info["old_hparams"]), hparams_table(state.hparams)
         fitness, parent = info["fitness"], info["parent"]
+        self._log_round(env_steps, state.hparams, parent.tolist(), fitness.tolist())
         for m in np.flatnonzero(info["loser"]).tolist():
             p = int(parent[m])
             self.lineage.append({
@@ -381,6 +654,32 @@ class PBTHost(DriverHost):
                 "new_hparams": {name: values[m] for name, values in new.items()},
             })
 
+    def _keep_constraints(self, values: dict[str, float], parent: dict[str, float], rng) -> dict[str, float]:
+        """A PB2 pick that breaks a constraint: redrawn from the prior, else the parent's values (as in the
+        compiled explore)."""
+        cs = self.config.constraints
+        if not cs or constraints.satisfied(cs, values):
+            return values
+        names, space = sorted({n for c in cs for n in c.names}), self.config.space
+        for _ in range(constraints.TRIES):
+            draw = {**values, **{n: float(space[n].sample_numpy(rng, 1)[0]) for n in names}}
+            if constraints.satisfied(cs, draw):
+                return draw
+        return {**values, **{n: parent[n] for n in names}}
+
+    def _log_round(self, env_steps, hparams, parent, fitness) -> None:
+        """One ``lineage.csv`` row per member: who it copied (itself when not replaced), its fitness at the round
+        and the hparams it trains with from there."""
+        r = self.rounds[-1]["round"] + 1 if self.rounds else 0
+        table = hparams_table(hparams)
+        for m, (p, f) in enumerate(zip(parent, fitness, strict=True)):
+            self.rounds.append({"round": r, "member": m, "parent": int(p),
+                                "fitness": None if f is None else _json_float(f), "env_steps": int(env_steps),
+                                **{n: v[m] for n, v in table.items()}})
+
+    def tables(self, state) -> dict[str, list[dict[str, Any]]]:
+        return {**self.inner.tables(state), "lineage.csv": [dict(row) for row in self.rounds]}
+
     def summary(self, state) -> dict[str, Any]:
         record = fetch(state.pbt)
         return {**self.inner.summary(state), "lineage": [dict(e) for e in self.lineage], "pbt": {
@@ -389,11 +688,16 @@ class PBTHost(DriverHost):
             "window_count": np.asarray(record.count).tolist()}}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.inner.state_dict(), "lineage": [dict(e) for e in self.lineage]}
+        pb2 = {} if self.pb2 is None else {"pb2_rows": [list(r) for r in self.pb2.rows]}
+        return {**self.inner.state_dict(), "lineage": [dict(e) for e in self.lineage],
+                "rounds": [dict(r) for r in self.rounds], **pb2}
 
     def load_state_dict(self, data) -> None:
         self.inner.load_state_dict(data)
         self.lineage = [dict(e) for e in data.get("lineage", [])]
+        self.rounds = [dict(r) for r in data.get("rounds", [])]
+        if self.pb2 is not None:
+            self.pb2.rows = [list(r) for r in data.get("pb2_rows", [])]
 
 
 def _json_float(x: float) -> float | None:
@@ -406,7 +710,7 @@ def with_prior_hparams(ctx: BuildContext, config: PBTConfig) -> BuildContext:
     """``ctx`` with the initial hparams of the PBT space drawn from the prior, except those the user fixed
     (``hparams``) or sampled (``search_space``)."""
     keep = set(ctx.config.hparams) | set(ctx.config.search_space)
-    return dataclasses.replace(ctx, hparams=initial_hparams(ctx.setup_key, ctx.hparams, config.space, keep))
+    return dataclasses.replace(ctx, hparams=initial_hparams(ctx.setup_key, ctx.hparams, config.space, keep, config))
 
 
 def with_pbt(build_inner: Callable[[BuildContext], Driver], config: PBTConfig,
@@ -427,7 +731,8 @@ def with_pbt(build_inner: Callable[[BuildContext], Driver], config: PBTConfig,
         return inner._replace(
             init=lambda key: inner.init(key, pbt=initial_record(config.fitness_window, pop)),
             after_eval=lambda key, state, returns: pbt_after_eval(key, state, returns, config, total, carried),
-            host=PBTHost(inner.host))
+            host=PBTHost(inner.host, config, ctx.config.seed),
+            set_hparams=lambda state, hparams: state.replace(hparams=hparams))
 
     return build
 
@@ -451,8 +756,21 @@ def pbt_run_plots(run_dir) -> list:
         written.append(plots.pbt_lineage_plot(summary.get("lineage", []), int(cfg["pop_size"]),
                                               float(summary.get("env_steps", cfg["total_env_steps"])),
                                               run_dir.path / "plots" / "pbt_lineage.png",
-                                              final_returns=summary.get("final_returns")))
+                                              final_returns=summary.get("final_returns"),
+                                              winner=_winner_line(run_dir, summary)))
     return written
+
+
+def _winner_line(run_dir, summary) -> list[tuple[float, int]] | None:
+    """``[(env steps, member)]``: the best final member's line through every copy (from lineage.csv), or None."""
+    path = run_dir.path / "lineage.csv"
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        member = best_member(summary.get("final_returns", []))
+    except (OSError, ConfigError):
+        return None
+    return [(float(row["env_steps"]), int(row["member"])) for row in ancestry(rows, member)] if rows else None
 
 
 DEFINITION = DriverDef(name="pbt", build=build, options=PBTOptions, plots=pbt_run_plots,

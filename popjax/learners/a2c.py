@@ -5,6 +5,10 @@ advantages (``gae_lambda = 1`` gives the paper's n-step returns, bootstrapped at
 The gradient is evaluated at the **behaviour** parameters (the policy that collected the trajectory) and
 applied to the **current** ones: ``theta_{j+1} = theta_j + eta grad J(theta_{j-1}; D(theta_{j-1}))``
 (Liu et al. 2020, HTS-RL, Eq. 6), which is plain A2C when the two are the same state (a synchronous loop).
+``lag_correction: truncated_is`` is the alternative of the paper's Table A1: the gradient at the current
+parameters with each sample's policy-gradient term weighted by ``min(is_clip, pi(a|s) / mu(a|s))`` (mu: the
+behaviour policy; advantages and returns still from the behaviour critic); on-policy with ``is_clip >= 1`` it
+is plain A2C too.
 
 Optimizer: Adam with a traced learning rate (popjax choice, as the PPO learner; Mnih et al. and Liu et al.
 used RMSProp). Defaults: Stable-Baselines3 A2C (lr 7e-4, gamma 0.99, lambda 1, entropy 0, value 0.5,
@@ -29,6 +33,9 @@ from popjax.types import EnvSpec, Key, Trajectory
 class A2CConfig:
     hidden: Hidden = Field((64, 64), description="hidden layer sizes of the actor and of the critic (tanh)")
     normalize_advantages: schema.Bool = Field(False, description="normalize the advantages of each rollout")
+    lag_correction: schema.OneOf(("gradient", "truncated_is")) = Field(
+        "gradient", description="data of a lagged behaviour policy (hts): gradient = the gradient at the behaviour "
+        "parameters (Eq. 6); truncated_is = at the current ones, weighted by min(is_clip, pi/mu)")
 
 
 @struct.dataclass
@@ -39,12 +46,13 @@ class A2CHParams:
     ent_coef: jax.Array = hparam("entropy bonus coefficient", ge=0, le=100)
     vf_coef: jax.Array = hparam("value loss coefficient", ge=0, le=100)
     max_grad_norm: jax.Array = hparam("global gradient norm clip", gt=0)
+    is_clip: jax.Array = hparam("truncation of the importance weights pi/mu (lag_correction: truncated_is)", gt=0)
 
 
 def default_hparams(config: A2CConfig | None = None) -> A2CHParams:
     del config
     return A2CHParams(lr=scalar(7e-4), discount=scalar(0.99), gae_lambda=scalar(1.0), ent_coef=scalar(0.01),
-                      vf_coef=scalar(0.5), max_grad_norm=scalar(0.5))
+                      vf_coef=scalar(0.5), max_grad_norm=scalar(0.5), is_clip=scalar(1.0))
 
 
 def make_a2c(config: A2CConfig, spec: EnvSpec) -> Learner:
@@ -57,8 +65,12 @@ def make_a2c(config: A2CConfig, spec: EnvSpec) -> Learner:
     def update_rollout(key: Key, state: onpolicy.OnPolicyState, trajectory: Trajectory, hp: A2CHParams, behaviour):
         del key  # deterministic
         batch = onpolicy.behaviour_batch(net, behaviour.params, trajectory, hp.discount, hp.gae_lambda)
-        grads, metrics = jax.grad(onpolicy.a2c_loss, has_aux=True)(behaviour.params, net, batch, hp.ent_coef,
-                                                                   hp.vf_coef, config.normalize_advantages)
+        if config.lag_correction == "gradient":  # Eq. 6: the gradient where the data came from
+            grads, metrics = jax.grad(onpolicy.a2c_loss, has_aux=True)(behaviour.params, net, batch, hp.ent_coef,
+                                                                       hp.vf_coef, config.normalize_advantages)
+        else:  # truncated importance sampling: the gradient here, the lag weighted out
+            grads, metrics = jax.grad(onpolicy.a2c_truncated_is_loss, has_aux=True)(
+                state.params, net, batch, hp.is_clip, hp.ent_coef, hp.vf_coef, config.normalize_advantages)
         grads, metrics["grad_norm"] = onpolicy.clip_by_global_norm(grads, hp.max_grad_norm)
         params, opt = adam_step(state.params, grads, state.opt, hp.lr)
         return onpolicy.OnPolicyState(params=params, opt=opt, steps=state.steps + 1), metrics

@@ -171,6 +171,12 @@ class LearnerDef:
     counts: Callable[[Any, int], dict[str, int]] | None = None
     # state -> the params of a deterministic MLP actor (``popjax export``); None: nothing to export.
     actor_params: Callable[[Any], PyTree] | None = None
+    # The state's policy fields (dotted paths), all that PBT's ``copy: policy`` copies from a parent; empty: the
+    # learner offers no policy-only copy.
+    policy_state: tuple[str, ...] = ()
+    # {optimizer state field: the params field it updates} (dotted paths): what PBT's ``reset_optimizer`` starts
+    # afresh (an Adam state of zeros is a fresh one) for the params a replaced member copied.
+    optimizer_state: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Tuned options per env (``popjax.presets`` fills what the user did not give): env -> {option: value}.
     presets: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     # The learner's PBT prior {hparam: {low, high, log, integer}}: what ``pbt`` explores unless the run names

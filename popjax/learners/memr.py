@@ -301,5 +301,7 @@ PRESETS = {
 DEFINITION = LearnerDef(
     name="memr_sac", config_cls=MEMRConfig, hparams_cls=MEMRHParams, make=make_memr,
     default_hparams=default_hparams, action_kind="continuous", specialize=specialize, counts=counts,
-    check_env=check_run, search_space=SEARCH_SPACES["sac"], presets=PRESETS,
+    check_env=check_run, search_space=SEARCH_SPACES["sac"], presets=PRESETS, policy_state=("sac.actor",),
+    optimizer_state={"sac.actor_opt": "sac.actor", "sac.critic_opt": "sac.critic", "sac.alpha_opt": "sac.log_alpha",
+                     "model_opt": "model", "psi_opt": "psi"},
 )

@@ -154,6 +154,27 @@ def a2c_loss(params, net: ActorCritic, batch: Batch, ent_coef, vf_coef, normaliz
     return pg + vf_coef * vl - ent_coef * ent, {"pg_loss": pg, "value_loss": vl, "entropy": ent}
 
 
+def truncated_is_weights(log_prob_current: jax.Array, log_prob_behaviour: jax.Array, c_bar) -> jax.Array:
+    """``min(c_bar, pi(a|s) / mu(a|s))``, constant under differentiation (the truncated importance weights of
+    Retrace and IMPALA's V-trace, applied to the policy-gradient term)."""
+    return jax.lax.stop_gradient(jnp.minimum(c_bar, jnp.exp(log_prob_current - log_prob_behaviour)))
+
+
+def a2c_truncated_is_loss(params, net: ActorCritic, batch: Batch, c_bar, ent_coef, vf_coef,
+                          normalize_advantages: bool):
+    """A2C on data of another (behaviour) policy mu, evaluated at ``params``: the policy-gradient term of
+    ``a2c_loss`` weighted per sample by ``truncated_is_weights`` (``batch.old_log_prob`` is log mu(a|s));
+    the value and entropy terms are A2C's. With mu = pi and ``c_bar >= 1`` it is ``a2c_loss``."""
+    head, value = net.apply(params, batch.obs)
+    advantage = normalize(batch.advantage) if normalize_advantages else batch.advantage
+    current = log_prob(head, batch.action)
+    weight = truncated_is_weights(current, batch.old_log_prob, c_bar)
+    pg = -jnp.mean(weight * current * advantage)
+    vl, ent = value_loss(value, batch.ret), jnp.mean(entropy(head))
+    return pg + vf_coef * vl - ent_coef * ent, {"pg_loss": pg, "value_loss": vl, "entropy": ent,
+                                                 "is_weight": jnp.mean(weight)}
+
+
 def ppo_loss(params, net: ActorCritic, batch: Batch, clip, ent_coef, vf_coef, normalize_advantages: bool):
     """Schulman et al. (2017), Eq. 7 and 9: ``-mean(min(r A, clip(r, 1 - eps, 1 + eps) A))`` with
     ``r = pi(a|s) / pi_old(a|s)``, plus ``vf_coef * 0.5 mean((V - R)^2) - ent_coef * mean(H)``."""

@@ -286,5 +286,7 @@ DEFINITION = LearnerDef(
     make=make_sac,
     default_hparams=default_hparams,
     action_kind="continuous",
+    policy_state=("actor",),
+    optimizer_state={"actor_opt": "actor", "critic_opt": "critic", "alpha_opt": "log_alpha"},
     counts=lambda config, updates: {"policy_updates": updates},
 )

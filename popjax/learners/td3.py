@@ -297,4 +297,6 @@ DEFINITION = LearnerDef(
     action_kind="continuous",
     specialize=specialize,
     actor_params=lambda state: state.actor,
+    policy_state=("actor", "target_actor"),
+    optimizer_state={"actor_opt": "actor", "critic_opt": "critic"},
 )

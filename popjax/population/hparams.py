@@ -28,7 +28,20 @@ import pydantic
 from flax import struct
 
 from popjax.distributed import fetch
-from popjax.schema import Bool, Float, Invalid, Kind, Number, Schema, convert, fail, problem, show, validate
+from popjax.schema import (
+    Bool,
+    Float,
+    Invalid,
+    Kind,
+    Number,
+    NumberList,
+    Schema,
+    convert,
+    fail,
+    problem,
+    show,
+    validate,
+)
 from popjax.types import Key
 
 
@@ -99,15 +112,26 @@ def validate_hparams(values: Any, hparams_cls, pop_size: int, *, at: Sequence[st
 
 
 class RangeSchema(Schema):
-    """A one-dimensional prior ``{low, high, log, integer}`` (see ``Range``)."""
+    """A one-dimensional prior ``{low, high, log, integer}`` or ``{choices}`` (see ``Range``)."""
 
-    low: Float() = pydantic.Field(description="smallest value")
-    high: Float() = pydantic.Field(description="largest value (>= low)")
+    low: Float() | None = pydantic.Field(None, description="smallest value")
+    high: Float() | None = pydantic.Field(None, description="largest value (>= low)")
     log: Bool = pydantic.Field(False, description="log-uniform (needs low > 0)")
     integer: Bool = pydantic.Field(False, description="uniform over the integers low..high")
+    choices: Annotated[tuple[float, ...] | None, NumberList(Number(), "a non-empty list of numbers", min_len=1)] = \
+        pydantic.Field(None, description="categorical: uniform over these values (instead of low and high)")
 
     @pydantic.model_validator(mode="after")
     def _ordered(self):
+        if self.choices is not None:
+            given = [k for k in ("low", "high", "log", "integer") if k in self.model_fields_set]
+            if given:
+                raise problem("choices exclude low, high, log and integer (allowed: either choices or low and high)",
+                              at=(given[0],))
+            return self
+        for side in ("low", "high"):
+            if getattr(self, side) is None:
+                raise problem("required, but missing (or give choices)", at=(side,))
         if not self.low <= self.high:
             raise problem(f"must be >= low ({show(self.low)}), got {show(self.high)}", at=("high",))
         if self.log and self.low <= 0:
@@ -115,6 +139,9 @@ class RangeSchema(Schema):
         return self
 
     def range(self) -> Range:
+        if self.choices is not None:
+            values = tuple(sorted(set(self.choices)))
+            return Range(values[0], values[-1], integer=all(float(v).is_integer() for v in values), choices=values)
         return Range(self.low, self.high, self.log, self.integer)
 
 
@@ -124,7 +151,8 @@ def validate_space(space: Any, hparams_cls, *, at: Sequence[str | int] = ("searc
     names, ranges inside each hparam's bounds, integer ranges for integer hparams."""
     bounds = hparam_bounds(hparams_cls)
     if not isinstance(space, Mapping):
-        fail(f"expected {{hparam: {{low, high, log, integer}}}}, got {show(space)}", at=at, nested=nested)
+        fail(f"expected {{hparam: {{low, high, log, integer}} or {{choices}}}}, got {show(space)}", at=at,
+             nested=nested)
     out = {}
     for name, raw in space.items():
         if name not in bounds:
@@ -132,9 +160,13 @@ def validate_space(space: Any, hparams_cls, *, at: Sequence[str | int] = ("searc
         if name in fixed:
             fail("also set in hparams; an hparam is either fixed or sampled", at=(*at, name), nested=nested)
         r = validate(RangeSchema, raw, at=(*at, name), nested=nested)
-        for side in ("low", "high"):
-            convert(bounds[name], getattr(r, side), at=(*at, name, side), nested=nested)
-        if bounds[name].integer and not r.integer:
+        if r.choices is not None:
+            for i, value in enumerate(r.choices):
+                convert(bounds[name], value, at=(*at, name, "choices", i), nested=nested)
+        else:
+            for side in ("low", "high"):
+                convert(bounds[name], getattr(r, side), at=(*at, name, side), nested=nested)
+        if bounds[name].integer and not r.range().integer:
             fail(f"{name} is an integer hparam; set integer: true", at=(*at, name, "integer"), nested=nested)
         out[name] = r.range()
     return out
@@ -142,12 +174,14 @@ def validate_space(space: Any, hparams_cls, *, at: Sequence[str | int] = ("searc
 
 @dataclasses.dataclass(frozen=True)
 class Range:
-    """A one-dimensional prior: uniform on [low, high], log-uniform if ``log``, rounded if ``integer``."""
+    """A one-dimensional prior: uniform on [low, high], log-uniform if ``log``, rounded if ``integer``; with
+    ``choices``, uniform over those values (sorted; ``low`` and ``high`` are the first and last)."""
 
     low: float
     high: float
     log: bool = False
     integer: bool = False
+    choices: tuple[float, ...] = ()
 
     def __post_init__(self):
         if not self.low <= self.high:
@@ -157,11 +191,24 @@ class Range:
 
     def sample(self, key: Key, shape: tuple[int, ...]) -> jax.Array:
         """Draws from the prior; integer ranges are uniform over ``{low, ..., high}``."""
+        if self.choices:
+            return jnp.asarray(self.choices, jnp.float32)[jax.random.randint(key, shape, 0, len(self.choices))]
         u = jax.random.uniform(key, shape)
         if self.integer:
             return jnp.minimum(jnp.floor(self.low + u * (self.high - self.low + 1.0)), self.high)
         if self.log:
             return jnp.exp(jnp.log(self.low) + u * (jnp.log(self.high) - jnp.log(self.low)))
+        return self.low + u * (self.high - self.low)
+
+    def sample_numpy(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` host draws from the same prior (numpy)."""
+        if self.choices:
+            return np.asarray(self.choices)[rng.integers(0, len(self.choices), n)]
+        u = rng.uniform(size=n)
+        if self.integer:
+            return np.minimum(np.floor(self.low + u * (self.high - self.low + 1.0)), self.high)
+        if self.log:
+            return np.exp(np.log(self.low) + u * (np.log(self.high) - np.log(self.low)))
         return self.low + u * (self.high - self.low)
 
     def clip(self, value: jax.Array) -> jax.Array:

@@ -41,3 +41,16 @@ def stack(trees: list[PyTree]) -> PyTree:
 def size(tree: PyTree) -> int:
     """The population size (length of axis 0 of the first leaf)."""
     return jax.tree.leaves(tree)[0].shape[0]
+
+
+def get_path(tree: PyTree, path: str) -> PyTree:
+    """The field at a dotted ``path`` of nested dataclasses (``"inner.actor"``)."""
+    for name in path.split("."):
+        tree = getattr(tree, name)
+    return tree
+
+
+def replace_path(tree: PyTree, path: str, value: PyTree) -> PyTree:
+    """``tree`` with the field at the dotted ``path`` replaced (``flax.struct`` dataclasses: ``replace``)."""
+    head, _, rest = path.partition(".")
+    return tree.replace(**{head: replace_path(getattr(tree, head), rest, value) if rest else value})
