@@ -260,7 +260,8 @@ class Loop:
 
         def call(key, t, actor, obs):
             obs = placement.from_local(obs)
-            return placement.to_local(compiler("act", act, key, t, actor, obs)(key, t, actor, obs), rows)
+            acted = compiler("act", act, key, t, actor, obs)(key, t, actor, obs)
+            return jax.tree.map(lambda x: placement.to_local(x, rows), acted)  # actions, or (actions, extras)
 
         return call
 

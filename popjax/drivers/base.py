@@ -176,6 +176,8 @@ class Driver(NamedTuple):
       acting_view: optional ``state -> state``: the state with only what ``act`` reads (e.g. no
         replay buffer); the loop snapshots it to act while ``learn`` runs (``overlap``).
       maintenance: optional ``Maintenance``, run every ``every`` updates per member.
+      on_replace: optional ``(state, replaced [pop] bool) -> state``: brings what a member derives from its learner
+        state up to date after another member's was copied into it (PBT's exploit; ReF-ER's stored ratios).
     """
 
     init: Callable[[Key], Any]
@@ -190,6 +192,7 @@ class Driver(NamedTuple):
     after_eval: Callable[[Key, Any, jax.Array], tuple[Any, Any]] | None = None
     acting_view: Callable[[Any], Any] | None = None
     maintenance: Maintenance | None = None
+    on_replace: Callable[[Any, jax.Array], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
