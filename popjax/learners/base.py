@@ -202,6 +202,9 @@ class LearnerDef:
     # read from its spec when the run is built (a convolutional torso on vector observations), so the run is
     # refused with one line instead of failing when its networks are first traced. None: every spec fits.
     check_env: Callable[[Any, EnvSpec], tuple[str, str] | None] | None = None
+    # Why the learner's members must learn from their own replay only (drivers that share one buffer refuse it,
+    # with this reason); None: any replay.
+    own_replay: str | None = None
 
     @property
     def on_policy(self) -> bool:

@@ -25,6 +25,7 @@ not wrapped (``refer`` refuses them).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -297,4 +298,10 @@ TD3_DEFINITION = LearnerDef(name="refer_td3", config_cls=ReferConfig, hparams_cl
 SAC_DEFINITION = LearnerDef(name="refer_sac", config_cls=ReferConfig, hparams_cls=ReferSACHParams,
                             make=make_refer_sac, default_hparams=default_sac_hparams, action_kind="continuous",
                             search_space=SAC_SPACE)
+# Shared buffers (CEM-RL, DvD): most rows are far from any one member's policy, so beta -> 0 and every member is
+# pulled to the mixture of behaviours (against DvD's diversity term). Refused rather than silently degraded.
+OWN_REPLAY = ("needs each member's own replay (in a shared buffer most transitions are far from any one member's "
+              "policy: beta -> 0 and the KL pulls every member to the mixture of behaviours)")
+TD3_DEFINITION = dataclasses.replace(TD3_DEFINITION, own_replay=OWN_REPLAY)
+SAC_DEFINITION = dataclasses.replace(SAC_DEFINITION, own_replay=OWN_REPLAY)
 DEFINITIONS = (TD3_DEFINITION, SAC_DEFINITION)
