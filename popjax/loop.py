@@ -411,7 +411,21 @@ class Loop:
         costs = LEARNERS[cfg.learner].costs
         if costs is not None:
             summary["costs"] = costs(make_learner_config(cfg), self.runner.spec, fetch(self.driver.host.hparams(state)))
+        named = LEARNERS[cfg.learner].summary_metrics
+        if named and is_writer():  # from metrics.csv (process 0's), so a resumed run reports the same
+            summary["learner_metrics"] = last_metrics(self.run_dir.read_metrics(), named, cfg.pop_size)
         return summary
+
+
+def last_metrics(rows: list[dict[str, float]], names: tuple[str, ...], pop_size: int) -> dict[str, list]:
+    """``{name: [each member's value in its last metrics row]}`` (None where the member has none or it is NaN)."""
+    last: dict[int, dict[str, float]] = {}
+    for row in rows:
+        if not math.isnan(row.get("member", math.nan)):
+            last[int(row["member"])] = row
+    value = lambda m, name: last.get(m, {}).get(name, math.nan)  # noqa: E731
+    return {name: [None if math.isnan(value(m, name)) else value(m, name) for m in range(pop_size)]
+            for name in names}
 
 
 def crossed(before: int, after: int, interval: int) -> bool:

@@ -354,3 +354,51 @@ def test_refused_combinations_are_one_line():
         from popjax.experiment import build
         build(make_config(learner="refer_sac", env="probe:cartpole"))
     assert str(err.value) == "env: refer_sac needs continuous actions but probe:cartpole has 2 discrete actions"
+
+
+# --- drivers: PBT's recompute after an exploit, HTS's stored behaviour -------------------------------------------
+def test_exploited_members_recompute_every_stored_rho():
+    """``refresh_replaced``: a replaced member's whole replay gets the ratios of its new learner state (one call),
+    the others keep theirs."""
+    from popjax.drivers.independent import PopState
+    from popjax.drivers.replay import refresh_replaced
+
+    learner = _learner("td3")
+    config = make_config(learner="refer_td3", env="probe:pendulum", buffer_size=N_STORED, batch_size=BATCH,
+                         warmup_steps=0, rollout_len=1)
+    source = make_uniform_source(config, SPEC, learner.step)
+    hps = [_hparams("td3"), _hparams("td3", exploration_noise=0.3)]
+    states, replays = [], []
+    for i, hp in enumerate(hps):
+        state = learner.init(jax.random.key(i), hp)
+        obs = jax.random.normal(jax.random.key(10 + i), (12, OBS_DIM))
+        action, extras = learner.act(jax.random.key(20 + i), learner.init(jax.random.key(9), hp), obs, hp)
+        rows = Transition(obs, action, jnp.zeros(12), obs, jnp.zeros(12), extras)
+        states.append(state)
+        replays.append(source.add(source.init(), rows, jnp.zeros(12, bool)))
+    pop = PopState(learner=stack(states), buffer=stack(replays), hparams=stack(hps), counters=None)
+    out = refresh_replaced(learner, source, pop, jnp.array([True, False]))
+    fresh = learner.step.refresh.rows(states[0], replays[0].data, hps[0])
+    np.testing.assert_allclose(np.asarray(out.buffer.data.extras["rho"][0]), np.asarray(fresh), rtol=1e-6)
+    assert not np.allclose(np.asarray(fresh)[:12], 1.0)  # another policy acted: the ratios moved off 1
+    assert_trees_equal(member(out.buffer, 1), replays[1])
+
+
+def test_hts_driver_stores_the_behaviour_and_writes_rho_back(tmp_path):
+    import popjax
+
+    run = popjax.train(learner="refer_td3", env="gym:Pendulum-v1", driver="hts", pop_size=2, total_env_steps=60,
+                       rollout_len=5, envs_per_member=2, eval_interval=60, eval_episodes=1, warmup_steps=20,
+                       batch_size=8, buffer_size=100, progress=False, learner_config={"hidden": [8]},
+                       hts={"alpha": 5, "executors": 2, "actors": 1}, hparams={"beta_lr": 0.1},
+                       out_dir=tmp_path / "hts")
+    data = jax.tree.map(np.asarray, run.state.buffer.data)
+    valid = np.arange(100) < 60
+    extras = data.extras
+    np.testing.assert_array_equal(np.clip(extras["u"], -1, 1)[:, valid], data.action[:, valid])
+    np.testing.assert_allclose(extras["log_std"][:, valid], np.log(0.2), rtol=1e-6)
+    assert np.any(extras["rho"][:, valid] != 1.0)  # sampled rows were refreshed
+    assert np.all(extras["rho"][:, ~valid] == 0.0)
+    summary = run.summary["learner_metrics"]
+    assert set(summary) == {"far_fraction", "beta", "c_max", "kl"} and len(summary["beta"]) == 2
+    assert 0.0 < summary["beta"][0] < 1.0

@@ -205,6 +205,9 @@ class LearnerDef:
     # Why the learner's members must learn from their own replay only (drivers that share one buffer refuse it,
     # with this reason); None: any replay.
     own_replay: str | None = None
+    # Metrics whose last logged value per member goes to summary.json's ``learner_metrics`` (ReF-ER's far fraction,
+    # beta, c_max, KL).
+    summary_metrics: tuple[str, ...] = ()
 
     @property
     def on_policy(self) -> bool:

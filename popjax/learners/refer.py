@@ -302,6 +302,7 @@ SAC_DEFINITION = LearnerDef(name="refer_sac", config_cls=ReferConfig, hparams_cl
 # pulled to the mixture of behaviours (against DvD's diversity term). Refused rather than silently degraded.
 OWN_REPLAY = ("needs each member's own replay (in a shared buffer most transitions are far from any one member's "
               "policy: beta -> 0 and the KL pulls every member to the mixture of behaviours)")
-TD3_DEFINITION = dataclasses.replace(TD3_DEFINITION, own_replay=OWN_REPLAY)
-SAC_DEFINITION = dataclasses.replace(SAC_DEFINITION, own_replay=OWN_REPLAY)
+SUMMARY_METRICS = ("far_fraction", "beta", "c_max", "kl")
+TD3_DEFINITION = dataclasses.replace(TD3_DEFINITION, own_replay=OWN_REPLAY, summary_metrics=SUMMARY_METRICS)
+SAC_DEFINITION = dataclasses.replace(SAC_DEFINITION, own_replay=OWN_REPLAY, summary_metrics=SUMMARY_METRICS)
 DEFINITIONS = (TD3_DEFINITION, SAC_DEFINITION)
