@@ -72,7 +72,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--plot-only", action="store_true", help="redraw the plot from the saved results")
     args = parser.parse_args()
+    if args.plot_only:
+        saved = json.loads((HERE / "results" / "refer_controller.json").read_text())
+        plot(saved, HERE / "plots" / "refer_controller.png")
+        return
     started = time.time()
     arms = [{"name": f"D={d}", "c": 4.0, "d": d} for d in (0.05, 0.1, 0.2)] + [{"name": "C=inf", "c": 1e30, "d": 0.1}]
     run = jax.jit(simulate, static_argnums=(1,))
@@ -107,7 +112,7 @@ def main() -> None:
 def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    fig, (ax_far, ax_beta) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_far, ax_beta, ax_d) = plt.subplots(1, 3, figsize=(16, 4))
     colors = {"D=0.05": "tab:blue", "D=0.1": "tab:orange", "D=0.2": "tab:green", "C=inf": "tab:gray"}
     for arm in results["arms"]:
         for s in arm["seeds"]:
@@ -121,6 +126,16 @@ def plot(results: dict, path: Path) -> None:
                title="far fraction (dashed: D)")
     ax_beta.set(xlabel="gradient steps", ylabel="beta", title="beta (Eq. 12)")
     ax_far.legend(fontsize=8)
+    controlled = [arm for arm in results["arms"] if arm["c"] < 1e29]
+    ds = [arm["d"] for arm in controlled]
+    for key, marker, label in (("far_mean", "o", "far fraction"), ("beta_mean", "s", "beta")):
+        for arm in controlled:
+            ax_d.scatter([arm["d"]] * len(arm["seeds"]), [s[key] for s in arm["seeds"]], marker=marker,
+                         color="tab:red" if key == "far_mean" else "tab:blue",
+                         label=label if arm is controlled[0] else None)
+    ax_d.plot(ds, ds, color="tab:red", ls="--", lw=0.8, label="far fraction = D")
+    ax_d.set(xlabel="D", ylabel="mean after 20 % of the steps", title="far fraction and beta against D")
+    ax_d.legend(fontsize=8)
     fig.suptitle("F1: ReF-ER controller on a drifting Gaussian policy (C = 4, A = 5/T, N = 2^14, B = 128)")
     save_figure(fig, path)
 
