@@ -404,6 +404,7 @@ def test_hts_driver_stores_the_behaviour_and_writes_rho_back(tmp_path):
     assert 0.0 < summary["beta"][0] < 1.0
 
 
+@pytest.mark.processes  # CLI runs of whole examples, as tests/test_readme.py's
 def test_the_readme_commands_run(tmp_path, monkeypatch):
     """The README's two ReF-ER commands, at tiny sizes, with the far fraction and beta in summary.json."""
     import json
