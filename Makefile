@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: install run test test-slow test-processes lint bench clean
+.PHONY: install run test test-slow test-processes lint bench results clean
 
 $(STAMP): pyproject.toml benchmarks/pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -77,6 +77,14 @@ bench: $(STAMP)
 	$(BENCH) hts $(QUIET)
 	$(BENCH) sparse_inference $(QUIET)
 	$(BENCH) report
+
+# Every generated table of experiments/RESULTS.md (between `<!-- table: NAME -->` and `<!-- /table -->`) rebuilt
+# from the committed JSON in experiments/results/ (and benchmarks/results/); benchmarks/RESULTS.md is rebuilt from
+# benchmarks/results/ by `popjax bench report`. On a clean checkout both leave the files unchanged
+# (tests/test_results.py fails when a committed table differs from what its JSON gives).
+results: $(STAMP)
+	$(BIN)/python experiments/results.py
+	$(BIN)/popjax bench report
 
 clean:
 	rm -rf $(VENV) runs

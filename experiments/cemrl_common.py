@@ -152,7 +152,8 @@ def main(name: str, description: str, budget: int, seeds: str, orders: str, env:
     for method in sorted({r["method"] for r in results}):
         rs = [r for r in results if r["method"] == method]
         finals = [r["final"] for r in rs]
-        print(f"{method}: final {np.mean(finals):.1f} ± {np.std(finals):.1f} over seeds {[r['seed'] for r in rs]}; "
+        sd = np.std(finals, ddof=1) if len(finals) > 1 else 0.0
+        print(f"{method}: final {np.mean(finals):.1f} ± {sd:.1f} (SD, ddof 1) over seeds {[r['seed'] for r in rs]}; "
               f"best {np.mean([r['best'] for r in rs]):.1f}; s/update {np.mean([r['s_per_update'] for r in rs]):.4f}")
 
 

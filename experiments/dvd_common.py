@@ -122,7 +122,9 @@ def main(name: str, description: str, budget: int, seeds: str, variants: str, en
          f"DvD (pop 5) vs TD3 on {args.env}, {args.budget} env steps, hidden {tuple(hidden)}")
     for method in sorted({r["method"] for r in results + td3}):
         rs = [r for r in results + td3 if r["method"] == method]
-        line = (f"{method}: final {np.mean([r['final'] for r in rs]):.1f} ± {np.std([r['final'] for r in rs]):.1f} "
+        finals = [r["final"] for r in rs]
+        sd = np.std(finals, ddof=1) if len(finals) > 1 else 0.0
+        line = (f"{method}: final {np.mean(finals):.1f} ± {sd:.1f} (SD, ddof 1) "
                 f"(seeds {[r['seed'] for r in rs]})")
         if "embedding_distance" in rs[0]:
             last = [[p[1] for p in r["embedding_distance"] if p[1] == p[1]][-1] for r in rs]

@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sweep_common import member_rows, plot_curves, ratio_interval, run_sweep
+from sweep_common import member_rows, plot_curves, run_sweep
 
 import popjax
 from popjax.plots import save_figure
+from results import per_delay_table
 
 HERE = Path(__file__).parent
 B = 128
@@ -54,7 +55,7 @@ def summarize(results: list[dict]) -> dict:
         late = [float(np.mean([ret for _, ret in c[-LAST:]])) for c in r["curves"]]
         table[str(r["delay"])] = {"delay": r["delay"], "final_returns": r["final_returns"],
                                   "final_mean": float(np.mean(r["final_returns"])),
-                                  "final_sd": float(np.std(r["final_returns"])), "late_returns": late,
+                                  "final_sd": float(np.std(r["final_returns"], ddof=1)), "late_returns": late,
                                   "late_mean": float(np.mean(late)), "wall_s": r["wall_s"], "total_s": r["total_s"]}
     base, far = table.get("1"), table.get("200")
     ratio = far["final_mean"] / base["final_mean"] if base and far and base["final_mean"] > 0 else None
@@ -62,23 +63,6 @@ def summarize(results: list[dict]) -> dict:
     return {"configs": table, "check": {"rule": "mean final return (D = 200) >= 0.9 x (D = 1)", "ratio": ratio,
                                         "passed": None if ratio is None else ratio >= 0.9,
                                         f"ratio_of_last_{LAST}_evaluations": late_ratio}}
-
-
-def markdown_table(summary: dict) -> str:
-    lines = ["| D | final return per seed | final mean ± sd | ratio to D = 1 | 5-95 % bootstrap of ratio | "
-             f"mean of last {LAST} evals per seed | its mean | wall s |", "|---" * 8 + "|"]
-    configs = summary["configs"]
-    base = configs.get("1")
-    for _, row in sorted(configs.items(), key=lambda kv: kv[1]["delay"]):
-        ratio = boot = "-"
-        if base and base["final_mean"] > 0 and row["delay"] != 1:
-            ratio = f"{row['final_mean'] / base['final_mean']:.2f}"
-            boot = "{:.2f}-{:.2f}".format(*ratio_interval(row["final_returns"], base["final_returns"]))
-        lines.append(f"| {row['delay']} | {', '.join(f'{x:.0f}' for x in row['final_returns'])} | "
-                     f"{row['final_mean']:.0f} ± {row['final_sd']:.0f} | {ratio} | {boot} | "
-                     f"{', '.join(f'{x:.0f}' for x in row['late_returns'])} | {row['late_mean']:.0f} | "
-                     f"{row['wall_s']:.0f} |")
-    return "\n".join(lines)
 
 
 def plot(results: list[dict], summary: dict, path: Path, steps: int) -> None:
@@ -127,7 +111,7 @@ def main() -> None:
                      lambda d: run_config(int(d), args.steps, args.seeds, Path(args.out + suffix) / f"D{d}"),
                      summarize)
     plot(data["runs"], data["summary"], HERE / "plots" / f"per_delay_cartpole{suffix}.png", args.steps)
-    print(markdown_table(data["summary"]))
+    print("\n".join(per_delay_table(data["summary"])))
     print(json.dumps(data["summary"]["check"]))
 
 

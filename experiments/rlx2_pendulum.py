@@ -41,6 +41,7 @@ from popjax.learners import rlx2
 from popjax.networks import sparse
 from popjax.plots import save_figure
 from popjax.population.tree import member
+from results import rlx2_table
 
 HERE = Path(__file__).parent
 ENV = "probe:pendulum"
@@ -155,19 +156,6 @@ def summarize(results: list[dict], r_random: float) -> dict:
                                   "dense, masks exact", "passed": passed}}
 
 
-def markdown_table(summary: dict) -> str:
-    lines = ["| configuration | last-5 mean per seed | last-5 mean | normalised | exact masks | size / | "
-             "train FLOPs / | wall s |", "|---" * 8 + "|"]
-    for name, row in summary["configs"].items():
-        costs = row["costs"] or {}
-        size, train = (f"{np.mean(costs[k]):.1f}x" if k in costs else "1x"
-                       for k in ("size_reduction", "train_flops_reduction"))
-        lines.append(f"| {LABELS[name]} | {', '.join(f'{x:.0f}' for x in row['last5_per_seed'])} | "
-                     f"**{row['last5_mean']:.0f}** | {row['normalised']:.2f} | {row['exact_masks']} | "
-                     f"{size} | {train} | {row['total_s']:.0f} |")
-    return "\n".join(lines)
-
-
 def plot(results: list[dict], path: Path, level: str, steps: int, r_random: float, env: str = ENV) -> None:
     import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
 
@@ -204,7 +192,7 @@ def main() -> None:
                                              args.env, args.eval_episodes),
                      lambda runs: summarize(runs, r_random))
     plot(data["runs"], HERE / "plots" / f"rlx2_{tag}_{args.level}.png", args.level, args.steps, r_random, args.env)
-    print(markdown_table(data["summary"]))
+    print("\n".join(rlx2_table(data["summary"])))
     print(json.dumps(data["summary"]["criterion"]))
 
 

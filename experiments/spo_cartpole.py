@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sweep_common import member_rows, plot_curves, ratio_interval, run_sweep
+from sweep_common import member_rows, plot_curves, run_sweep
 
 import popjax
 from popjax.plots import save_figure
+from results import spo_cartpole_table
 
 HERE = Path(__file__).parent
 B = 256
@@ -83,23 +84,6 @@ def summarize(results: list[dict]) -> dict:
                      "passed": None if None in gate else all(g >= 0.85 for g in gate)}}
 
 
-def markdown_table(summary: dict) -> str:
-    lines = ["| R x H | b | AUC per seed | AUC mean ± sd | ratio to R = 1 (same H) | per-seed ratio min-max | "
-             "5-95 % bootstrap of ratio | updates to 475 (per seed) |", "|---" * 8 + "|"]
-    configs = summary["configs"]
-    for key, row in sorted(configs.items(), key=lambda kv: (kv[1]["local_steps"], kv[1]["replicas"])):
-        base = configs.get(f"1x{row['local_steps']}")
-        ratio = per_seed = boot = "-"
-        if base and row["replicas"] > 1:
-            ratio = f"**{row['auc_ratio_of_means']:.2f}**"
-            per_seed = f"{min(row['auc_ratio_per_seed']):.2f}-{max(row['auc_ratio_per_seed']):.2f}"
-            boot = "{:.2f}-{:.2f}".format(*ratio_interval(row["auc"], base["auc"]))
-        hits = ", ".join("-" if u is None else f"{u / 1000:g}k" for u in row["updates_to_threshold"])
-        lines.append(f"| {key} | {B // row['replicas']} | {', '.join(f'{a:.0f}' for a in row['auc'])} | "
-                     f"{row['auc_mean']:.0f} ± {np.std(row['auc']):.0f} | {ratio} | {per_seed} | {boot} | {hits} |")
-    return "\n".join(lines)
-
-
 def plot(results: list[dict], path: Path, steps: int) -> None:
     import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
 
@@ -138,7 +122,7 @@ def main() -> None:
     data = run_sweep(results_path, args.steps, args.configs.split(","),
                      lambda runs: {f"{r['replicas']}x{r['local_steps']}" for r in runs}, run, summarize)
     plot(data["runs"], HERE / "plots" / f"spo_cartpole{suffix}.png", args.steps)
-    print(markdown_table(data["summary"]))
+    print("\n".join(spo_cartpole_table(data["summary"])))
     print(json.dumps(data["summary"]["gate"]))
 
 

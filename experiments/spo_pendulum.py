@@ -36,6 +36,7 @@ from sweep_common import member_rows, plot_curves, run_sweep
 
 import popjax
 from popjax.plots import save_figure
+from results import spo_pendulum_table
 
 HERE = Path(__file__).parent
 NON_FINITE = ("nan", "inf", "-inf", "+inf")
@@ -96,7 +97,8 @@ def summarize(results: list[dict]) -> dict:
         q = np.asarray(r["q_means"], dtype=float)[:, :, 1]  # logged mean Q of the last update chunk per eval
         finite = bool(np.isfinite(c[:, :, 1]).all()) and not any(r["non_finite_columns"])
         table[r["config"]] = {
-            "final_returns": finals.tolist(), "final_mean": float(np.mean(finals)), "final_sd": float(np.std(finals)),
+            "final_returns": finals.tolist(), "final_mean": float(np.mean(finals)),
+            "final_sd": float(np.std(finals, ddof=1)),
             "best": float(np.nanmax(c[:, :, 1])), "best_per_seed": np.nanmax(c[:, :, 1], axis=1).tolist(),
             "last5_mean": float(np.mean(c[:, -5:, 1])), "q_mean_min": float(np.min(q)),
             "q_mean_max": float(np.max(q)), "first_eval": firsts.tolist(), "all_finite": finite,
@@ -108,18 +110,6 @@ def summarize(results: list[dict]) -> dict:
         passed = two["all_finite"] and two["final_mean"] > float(np.mean(two["first_eval"]))
     return {"configs": table, "criterion": {"rule": "two-phase: every value finite and final mean return > first "
                                                     "evaluation mean", "passed": passed}}
-
-
-def markdown_table(summary: dict) -> str:
-    lines = ["| configuration | final return per seed | final mean ± sd | mean of last 5 evals | best (any seed, any "
-             "eval) | best per seed | logged Q mean min..max | all finite | wall s |", "|---" * 9 + "|"]
-    for name, row in summary["configs"].items():
-        finite = "yes" if row["all_finite"] else f"NO: {row['non_finite_columns']}"
-        lines.append(f"| {LABELS[name]} | {', '.join(f'{x:.0f}' for x in row['final_returns'])} | "
-                     f"**{row['final_mean']:.0f} ± {row['final_sd']:.0f}** | {row['last5_mean']:.0f} | "
-                     f"{row['best']:.0f} | {', '.join(f'{x:.0f}' for x in row['best_per_seed'])} | "
-                     f"{row['q_mean_min']:.0f}..{row['q_mean_max']:.0f} | {finite} | {row['total_s']:.0f} |")
-    return "\n".join(lines)
 
 
 def plot(results: list[dict], path: Path, steps: int) -> None:
@@ -150,7 +140,7 @@ def main() -> None:
     data = run_sweep(results_path, args.steps, args.configs.split(","), lambda runs: {r["config"] for r in runs},
                      lambda name: run_config(name, args.steps, args.seeds, Path(args.out + suffix) / name), summarize)
     plot(data["runs"], HERE / "plots" / f"spo_pendulum{suffix}.png", args.steps)
-    print(markdown_table(data["summary"]))
+    print("\n".join(spo_pendulum_table(data["summary"])))
     print(json.dumps(data["summary"]["criterion"]))
 
 

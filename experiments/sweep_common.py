@@ -1,5 +1,5 @@
-"""What the experiment scripts share: per-member curves from a run's metrics, a resumable sweep, seed plots,
-a bootstrap interval of a ratio of seed means."""
+"""What the experiment scripts share: per-member curves from a run's metrics, a resumable sweep, seed plots.
+Statistics (SDs, bootstrap intervals) come from popjax.stats, the tables from experiments/results.py."""
 
 from __future__ import annotations
 
@@ -47,10 +47,3 @@ def plot_curves(ax, curves, color: str, label: str) -> None:
     stacked = np.stack([c[:n] for c in curves])
     ax.plot(stacked[0, :, 0], stacked[:, :, 1].mean(0), color=color, lw=2.2, label=label)
 
-
-def ratio_interval(values: list[float], base: list[float], draws: int = 2000) -> tuple[float, float]:
-    """5-95 % bootstrap interval of mean(values) / mean(base), seeds resampled independently in both."""
-    rng = np.random.default_rng(0)
-    a, b = np.asarray(values), np.asarray(base)
-    ratios = rng.choice(a, (draws, len(a))).mean(1) / rng.choice(b, (draws, len(b))).mean(1)
-    return float(np.percentile(ratios, 5)), float(np.percentile(ratios, 95))

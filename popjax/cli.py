@@ -1,4 +1,4 @@
-"""The ``popjax`` command: train | resume | bench | plot.
+"""The ``popjax`` command: train | resume | plot | export | compare | export-returns | bench.
 
 User errors (bad options, unknown names, malformed YAML, unreadable config files) print one
 line and exit with status 2, never a traceback; internal errors keep their traceback (status 1).
@@ -171,6 +171,33 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--member", type=int, default=None, help="member index (default: the best final return)")
     export.add_argument("--out", type=Path, default=None, help="file to write (default <run_dir>/policy-member<m>.npz;"
                                                                " never overwritten)")
+
+    compare = sub.add_parser("compare", help="compare runs: IQM with bootstrap CIs, P(improvement), plots",
+                             description="Group run directories by a label and compare their final evaluation "
+                             "returns (IQM with stratified bootstrap CIs, mean ± SD, P(improvement) against a "
+                             "baseline), aligning the curves on env steps and wall time; prints the table and "
+                             "writes compare.json, compare.csv and plots into --out. Never writes into a run.")
+    compare.add_argument("run_dirs", type=Path, nargs="*", metavar="RUN_DIR")
+    compare.add_argument("--label", default=None, metavar="KEY",
+                         help="config key that names a run's group (learner, driver, seed, pbt.interval, ...) or "
+                              "name (the directory's name); default: the first of learner, driver, env, pop_size, "
+                              "seed that differs")
+    compare.add_argument("--baseline", default=None, metavar="LABEL", help="group to compare against (default: "
+                                                                           "the first run's)")
+    compare.add_argument("--out", type=Path, default=Path("compare"), help="output directory (default compare)")
+    compare.add_argument("--reference", type=Path, default=None, metavar="FILE",
+                         help="YAML {env: {low, high}}: normalise the returns of runs of different envs")
+    compare.add_argument("--score", default="mean", choices=("mean", "best"),
+                         help="score of a run whose members interact (PBT, CEM-RL, DvD): population mean or best")
+
+    returns = sub.add_parser("export-returns", help="write a run's evaluation returns as marl-eval JSON",
+                             description="Write a run's evaluation returns in the JSON layout of the marl-eval/"
+                             "Stoix tools (env -> task -> algorithm -> seed_<member> -> step_<k>).")
+    returns.add_argument("run_dir", type=Path)
+    returns.add_argument("--format", default="marl-eval", choices=("marl-eval",))
+    returns.add_argument("--algorithm", default=None, help="algorithm name in the file (default: the learner)")
+    returns.add_argument("--out", type=Path, default=None,
+                         help="file to write (default <run name>-marl-eval.json here; never overwritten)")
 
     # `popjax bench --help` lists the studies; `popjax bench <study> --help` its options. The studies are
     # the separate popjax-bench distribution (benchmarks/ in the repository), found when it is installed.
@@ -413,6 +440,19 @@ def main(argv: list[str] | None = None) -> int:
             meta = read_meta(path)
             print(f"{path}: member {meta['member']} of {meta['learner']} on {meta['env']}, "
                   f"{meta['active_weights']:,} of {meta['dense_weights']:,} weights")
+        elif args.command == "compare":
+            from popjax.comparison import compare
+
+            reference = _load_yaml(args.reference) if args.reference else None
+            result = compare(args.run_dirs, label=args.label, baseline=args.baseline, out=args.out,
+                             reference=reference, score=args.score)
+            print(result.text, end="")
+            for path in result.written:
+                print(path)
+        elif args.command == "export-returns":
+            from popjax.comparison import export_returns
+
+            print(export_returns(args.run_dir, args.out, args.format, args.algorithm))
         elif args.command == "bench":
             return bench_plugin().main(args)
     except ConfigError as err:
@@ -422,10 +462,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"popjax: error: {err}", file=sys.stderr)
         return 1
     except (FileNotFoundError, ValueError) as err:
-        if args.command in ("plot", "resume", "export"):  # bad run directory
+        if args.command in ("plot", "resume", "export", "compare", "export-returns"):  # bad run directory
             print(f"popjax: error: {err}", file=sys.stderr)
             return 2
         raise
+    except OSError as err:  # the file system failed a write (read-only, full, a file in the way): one line
+        kept = "; the last checkpoint is kept: `popjax resume` continues once this is fixed" \
+            if args.command in ("train", "resume") else ""
+        print(f"popjax: error: {err.filename or 'file system'}: {err.strerror or err}{kept}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,12 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
     """
     rd = RunDir(run_dir)
     config = make_config(**{**rd.read_config(), **overrides})
+    rd.check_layout()
+    unreadable = rd.scan_metrics()[1]
+    if unreadable:  # rows popjax did not write that way: never dropped or rewritten silently
+        more = f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
+        raise ConfigError(f"resume: {rd.metrics_path} {unreadable[0]}{more} cannot be read; repair or remove "
+                          "those lines, then resume; nothing was changed")
     loop = build(config)
     distributed.barrier("popjax-read")  # every process has read the run before process 0 changes it
     rd.tensorboard, rd.writes = config.tensorboard, distributed.is_writer()
@@ -285,16 +292,39 @@ def _writer_lock(path: Path):
 
 
 def plot_run(run_dir) -> list[Path]:
-    """Regenerates every plot of a run directory (learning curves, then the driver's); returns the paths."""
+    """Regenerates every plot of a run directory (learning curves, then the driver's); returns the paths.
+
+    Raises a one-line ConfigError naming the path and the problem when the run cannot be read or a plot
+    cannot be written; when some plots could still be drawn (from the readable rows of a damaged
+    metrics.csv, or before a write failed), the message names them.
+    """
     rd = RunDir(run_dir)
-    rows = rd.read_metrics()
-    if not rows:
-        raise ValueError(f"{rd.metrics_path} has no evaluations to plot yet")
     cfg = rd.read_config()
+    rd.check_layout()
+    rows, unreadable = rd.scan_metrics()
+    if not rows:
+        why = f" ({len(unreadable)} unreadable: {unreadable[0]})" if unreadable else ""
+        raise ConfigError(f"run_dir: {rd.metrics_path} has no evaluations to plot yet{why}")
+    missing = [name for name in ("env_steps", "member", "eval_return") if name not in rows[0]]
+    if missing:
+        raise ConfigError(f"run_dir: {rd.metrics_path} has no column {', '.join(missing)}")
     title = f"{cfg.get('learner')} on {cfg.get('env')} ({cfg.get('driver')}, pop {cfg.get('pop_size')})"
-    written = [learning_curves(rows, rd.path / "plots" / "learning_curves.png", title)]
     definition = DRIVERS.get(cfg.get("driver"))
-    return written + (definition.plots(rd) if definition else [])
+    drawings = [lambda: [learning_curves(rows, rd.path / "plots" / "learning_curves.png", title)],
+                lambda: definition.plots(rd) if definition else []]
+    written, problems = [], []
+    for draw in drawings:
+        try:
+            written += draw()
+        except OSError as err:  # the plots folder is read-only, full, or in the way
+            problems.append(f"{err.filename or rd.path / 'plots'} cannot be written ({err.strerror or err})")
+    if unreadable:
+        more = f" and {len(unreadable) - 1} more" if len(unreadable) > 1 else ""
+        problems.append(f"{rd.metrics_path} {unreadable[0]}{more} cannot be read: plotted the other rows")
+    if problems:
+        drawn = ", ".join(path.name for path in written) or "none"
+        raise ConfigError(f"plot: {'; '.join(problems)} (plots drawn: {drawn})")
+    return written
 
 
 def _checkpointer(run_dir: RunDir) -> Checkpointer:
@@ -311,7 +341,11 @@ def _finish(loop: Loop, state, env_state) -> Run:
         summary = loop.summary(state)
         loop.run_dir.write_summary(summary)
         if loop.run_dir.writes:
-            plot_run(loop.run_dir.path)
+            try:
+                plot_run(loop.run_dir.path)
+            except ConfigError as err:  # the run's data is complete; only drawing failed
+                warnings.warn(f"{err}; the run's data is complete (`popjax plot {loop.run_dir.path}` redraws)",
+                              RuntimeWarning, stacklevel=2)
     finally:
         if isinstance(loop.driver.interaction, OwnInteraction):  # its threads and envs
             loop.driver.interaction.close()

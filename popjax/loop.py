@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from popjax import stats
 from popjax.config import RunConfig, make_learner_config
 from popjax.distributed import fetch, gather_rows, is_writer, processes
 from popjax.drivers.base import Driver, Episodes, InteractionFailed, OwnInteraction, Rollout
@@ -406,6 +407,7 @@ class Loop:
             "seed": cfg.seed, "env_steps": env_steps, "updates": updates,
             "wall_s": round(self.wall_s, 3), "compile_s": round(self.compiler.compile_s, 3),
             "best_return": best, "final_returns": [float(r) for r in final],
+            "final_iqm": stats.population_iqm(final),  # over members, with its bootstrap CI (4+ members)
             **self.driver.host.summary(state),
         }
         costs = LEARNERS[cfg.learner].costs

@@ -196,3 +196,54 @@ def dvd_plot(rows: list[dict[str, float]], path: Path, title: str = "", schedule
     axes[0].set_title(title)
     axes[-1].set_xlabel("env steps per member")
     return save_figure(fig, path)
+
+
+def aggregate_curves(x, bands: dict, path: Path, xlabel: str, ylabel: str) -> Path:
+    """Per group, the IQM curve over runs with its 95 % bootstrap band (``bands``: group -> (point, low, high),
+    low/high None when a group has fewer than 4 runs)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (group, (point, low, high)) in enumerate(bands.items()):
+        ax.plot(x, point, color=f"C{i}", lw=2, label=group if low is not None else f"{group} (n<4: no band)")
+        if low is not None:
+            ax.fill_between(x, low, high, color=f"C{i}", alpha=0.2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"IQM of {ylabel}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def profile_plot(taus, profiles: dict, path: Path, xlabel: str) -> Path:
+    """Performance profiles: per group the fraction of runs scoring above τ, with 95 % bootstrap bands."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for i, (group, (point, low, high)) in enumerate(profiles.items()):
+        ax.plot(taus, point, color=f"C{i}", lw=2, label=group)
+        ax.fill_between(taus, low, high, color=f"C{i}", alpha=0.15)
+    ax.set_xlabel(f"{xlabel} τ")
+    ax.set_ylabel("fraction of runs with score > τ")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def improvement_matrix(names: list[str], matrix, path: Path) -> Path:
+    """P(row > column) for every pair of groups (the diagonal is blank)."""
+    plt = pyplot()
+    size = 1.2 * len(names) + 2
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    image = ax.imshow(matrix, vmin=0, vmax=1, cmap="RdBu")
+    for i in range(len(names)):
+        for j in range(len(names)):
+            if i != j:
+                ax.text(j, i, f"{matrix[i][j]:.2f}", ha="center", va="center", fontsize=9,
+                        color="white" if abs(matrix[i][j] - 0.5) > 0.3 else "black")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("Y")
+    ax.set_ylabel("X")
+    ax.set_title("P(X > Y)")
+    fig.colorbar(image, ax=ax)
+    return save_figure(fig, path)

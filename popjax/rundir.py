@@ -150,10 +150,37 @@ class RunDir:
             return next(csv.reader(f))
 
     def read_metrics(self) -> list[dict[str, float]]:
-        if not self.metrics_path.exists():
-            return []
-        with self.metrics_path.open(newline="") as f:
-            return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+        """The rows of metrics.csv that can be read (``scan_metrics`` also says which cannot)."""
+        return self.scan_metrics()[0]
+
+    def scan_metrics(self) -> tuple[list[dict[str, float]], list[str]]:
+        """The readable rows of metrics.csv, and one note per line that cannot be read (``line N (why)``).
+
+        A last line without its newline is what a kill in the middle of an append leaves: it is neither a
+        row nor a problem (resume drops it). An unreadable header, or a metrics.csv that is not a file, is a
+        one-line ConfigError naming the path.
+        """
+        path = self.metrics_path
+        if not path.exists():
+            return [], []
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise ConfigError(f"run_dir: {path} cannot be read ({err.strerror or err})") from None
+        lines = data.split(b"\n")[:-1]  # the part after the last newline is an append cut short
+        if not lines:
+            return [], []
+        header = _csv_line(lines[0])
+        if not header or "" in header:
+            raise ConfigError(f"run_dir: {path} has no readable header (a line of column names)")
+        rows, problems = [], []
+        for number, line in enumerate(lines[1:], start=2):
+            row, why = _metrics_row(header, line)
+            if why is None:
+                rows.append(row)
+            else:
+                problems.append(f"line {number} ({why})")
+        return rows, problems
 
     @_writing
     def drop_partial_metrics_row(self) -> None:
@@ -196,7 +223,49 @@ class RunDir:
         _atomic_write(self.path / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
 
     def read_summary(self) -> dict[str, Any]:
-        return json.loads((self.path / "summary.json").read_text())
+        """summary.json; one that cannot be read or parsed is a one-line ConfigError naming it."""
+        path = self.path / "summary.json"
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            why = err.strerror if isinstance(err, OSError) else str(err).splitlines()[0]
+            raise ConfigError(f"run_dir: {path} cannot be read ({why})") from None
+        if not isinstance(summary, dict):
+            raise ConfigError(f"run_dir: {path} holds no summary (a JSON object), got {type(summary).__name__}")
+        return summary
+
+    def check_layout(self) -> None:
+        """A one-line ConfigError when a file popjax writes is a folder here, or a folder it writes is a file."""
+        for name in OUTPUT_FILES:
+            if (self.path / name).is_dir():
+                raise ConfigError(f"run_dir: {self.path / name} is a folder where popjax keeps a file")
+        for name in OUTPUT_PATTERNS:
+            if (self.path / name).exists() and not (self.path / name).is_dir():
+                raise ConfigError(f"run_dir: {self.path / name} is a file where popjax keeps a folder")
+
+
+def _csv_line(line: bytes) -> list[str] | None:
+    """The cells of one line of metrics.csv, or None when it is not text."""
+    try:
+        return next(csv.reader([line.decode().rstrip("\r")]), [])
+    except (UnicodeDecodeError, csv.Error):
+        return None
+
+
+def _metrics_row(header: list[str], line: bytes) -> tuple[dict[str, float] | None, str | None]:
+    """One metrics row as numbers (an empty cell is NaN), or why it cannot be read."""
+    cells = _csv_line(line)
+    if cells is None:
+        return None, "not text"
+    if len(cells) != len(header):
+        return None, f"{len(cells)} cells, the header has {len(header)}"
+    row = {}
+    for name, cell in zip(header, cells, strict=True):
+        try:
+            row[name] = float(cell) if cell != "" else math.nan
+        except ValueError:
+            return None, f"{name}: {cell[:20]!r} is not a number"
+    return row, None
 
 
 def _cell(value: Any) -> Any:
@@ -233,6 +302,8 @@ def check_new_run(path: Path, overwrite: bool) -> None:
             raise ConfigError(f"out_dir: {path} holds a run; continue it with `popjax resume {path}`, or replace it "
                               "with --overwrite")
     parent = path if path.is_dir() else next(p for p in path.absolute().parents if p.exists())
+    if not parent.is_dir():
+        raise ConfigError(f"out_dir: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"out_dir: {parent} is not writable")
 
@@ -249,12 +320,17 @@ class RunLock:
         self.owned = False
 
     def acquire(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Takes the lock; a directory that cannot be written (read-only, a file in its path) is a one-line
+        ConfigError, raised before anything is written."""
         me = f"{os.getpid()} {socket.gethostname()}"
         for _ in range(2):
             try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
+                if not self.path.parent.is_dir():  # mkdir met a file where a folder belongs
+                    raise ConfigError(f"run_dir: {_first_file(self.path.parent)} is a file, not a directory") \
+                        from None
                 pid, host = _read_lock(self.path)
                 if pid is not None and (host != socket.gethostname() or _alive(pid)):
                     where = "" if host == socket.gethostname() else f" on {host}"
@@ -264,6 +340,11 @@ class RunLock:
                               RuntimeWarning, stacklevel=3)
                 self.path.unlink(missing_ok=True)
                 continue
+            except OSError as err:
+                if isinstance(err, NotADirectoryError):
+                    raise ConfigError(f"run_dir: {_first_file(self.path.parent)} is a file, not a directory") \
+                        from None
+                raise ConfigError(f"run_dir: {self.path.parent} cannot be written ({err.strerror or err})") from None
             with os.fdopen(fd, "w") as f:
                 f.write(me + "\n")
             self.owned = True
@@ -280,6 +361,11 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _first_file(path: Path) -> Path:
+    """The first of ``path``'s ancestors (or itself) that exists and is not a directory."""
+    return next((p for p in (*reversed(path.parents), path) if p.exists() and not p.is_dir()), path)
 
 
 def _read_lock(path: Path) -> tuple[int | None, str]:

@@ -43,6 +43,16 @@ def test_run_directory_has_the_documented_files(tiny_run):
     assert (out / "plots" / "learning_curves.png").stat().st_size > 10_000
 
 
+def test_summary_has_the_population_iqm_and_compare_reads_the_run(tiny_run, tmp_path):
+    final = tiny_run.summary["final_returns"]
+    iqm = tiny_run.summary["final_iqm"]  # 2 members: nothing trimmed, no interval, the values instead
+    assert (iqm["n"], iqm["ci"], iqm["values"]) == (2, None, final) and iqm["iqm"] == pytest.approx(np.mean(final))
+    result = popjax.compare([tiny_run.out_dir], label="name", out=tmp_path / "cmp")
+    row = result.rows[0]
+    assert (row["runs"], row["values"], result.final_step) == (2, pytest.approx(final), 600)  # members are seeds
+    assert (tmp_path / "cmp" / "curves_wall_time.png").exists()
+
+
 def test_same_seed_gives_identical_results_and_other_seed_differs(tiny_run, tmp_path):
     again = popjax.train(out_dir=tmp_path / "again", tensorboard=True, **TINY)
     assert again.summary["final_returns"] == tiny_run.summary["final_returns"]

@@ -15,14 +15,14 @@ PACKAGE = Path(popjax.__file__).parent
 
 # Lowest first; a module belongs to the first entry that is it or a package above it.
 LAYERS = [
-    ("popjax.types", "popjax.schema", "popjax.registry", "popjax.progress", "popjax.plots"),
+    ("popjax.types", "popjax.schema", "popjax.registry", "popjax.progress", "popjax.plots", "popjax.stats"),
     ("popjax.distributed", "popjax.population", "popjax.networks"),
     ("popjax.buffers", "popjax.envs"),
     ("popjax.config", "popjax.rundir", "popjax.checkpoint"),
     ("popjax.learners",),
     ("popjax.drivers",),
     ("popjax.loop", "popjax.presets"),
-    ("popjax.experiment", "popjax.export"),
+    ("popjax.experiment", "popjax.export", "popjax.comparison"),
     ("popjax.cli", "popjax.__main__", "popjax"),
 ]
 

@@ -1,7 +1,7 @@
 """Learning reaches stated returns.
 
 The probe tests are quick and run by default; the real-environment runs are `slow`
-(`make test-slow`), with the measured numbers recorded in experiments/RESULTS.md.
+(`make test-slow`); experiments/RESULTS.md lists their thresholds.
 """
 
 import pytest

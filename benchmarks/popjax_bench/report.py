@@ -186,18 +186,30 @@ def _runs(pairs) -> list[dict[str, Any]]:
     return list({id(p): p for _, p in pairs}.values())
 
 
+def _torch_ratio(r: dict[str, Any]) -> tuple[float | None, str | None]:
+    """A popjax row's speed-up over the fastest PyTorch variant measured at its N, and that variant's name
+    (results written before the compiled and vectorized variants existed: the eager sequential one)."""
+    if r.get("speedup_vs_torch_best") is not None:
+        return r["speedup_vs_torch_best"], r["torch_best"]
+    return r.get("speedup_vs_torch_seq"), "torch_seq" if r.get("speedup_vs_torch_seq") is not None else None
+
+
 def _speedup_vs_torch(t, data) -> Judged:
     pairs = _rows(data, t, "update", lambda r, p: r["learner"] == t["learner"] and r["devices"] == 1
                   and r["impl"] in ("vmap", "vmap_scan") and r["pop"] in t["pops"]
-                  and r.get("speedup_vs_torch_seq") is not None)
-    best: dict[int, float] = {}
+                  and _torch_ratio(r)[0] is not None)
+    best: dict[int, tuple[float, str]] = {}
     for r, _ in pairs:
-        best[r["pop"]] = max(best.get(r["pop"], 0.0), r["speedup_vs_torch_seq"])
+        ratio, against = _torch_ratio(r)
+        if ratio > best.get(r["pop"], (0.0, ""))[0]:
+            best[r["pop"]] = (ratio, against)
     threads = sorted({x for _, p in pairs for x in (p["params"].get("torch_threads") or []) if x})
-    text = ", ".join(f"N={n}: " + (f"{best[n]:.2f}×" if n in best else "—") for n in t["pops"])
+    text = ", ".join(f"N={n}: " + (f"{best[n][0]:.2f}× vs {best[n][1]}" if n in best else "—") for n in t["pops"])
     if not best:
         return Judged("not measured (no vectorized and PyTorch rows at these N)", None)
-    text += f" (best popjax variant vs the fastest PyTorch run, threads {','.join(map(str, threads)) or '?'})"
+    text += (f" (best popjax variant vs the fastest PyTorch variant measured at that N, threads "
+             f"{','.join(map(str, threads)) or '?'})")
+    best = {n: ratio for n, (ratio, _) in best.items()}
     missing = [n for n in t["pops"] if n not in best]
     verdict = None if missing else min(best.values()) >= t["min_speedup"]
     return Judged(text + (f"; N = {missing} not measured" if missing else ""), verdict, _runs(pairs))
@@ -314,7 +326,9 @@ def section_update(p: dict[str, Any]) -> list[str]:
               f"{p['params'].get('repeats', '?')} timed calls after warm-up, ÷ K for K-step calls; speed-ups are "
               "against **PyTorch sequential, one step per call** (the paper's baseline; the fastest of the thread "
               f"counts {p['params'].get('torch_threads')}; for TD3 a timed call is one policy-delay period of such "
-              "steps, since every policy_delay-th step also updates the actor) and **JAX sequential** (the same "
+              "steps, since every policy_delay-th step also updates the actor), against **the fastest PyTorch "
+              "variant** at that N (eager sequential, `torch.compile`d sequential, `torch.func.vmap` over members, "
+              "eager or compiled; named in each row) and **JAX sequential** (the same "
               "jitted single-member update called member after member), measured in the same process. GFLOP/s: "
               "XLA's FLOP count of the 1-step program ÷ time; 'ceiling': N independent [B,h]@[h,h] products "
               "(the update's dominant layer) measured just before the point.", ""]
@@ -348,12 +362,14 @@ def section_update(p: dict[str, Any]) -> list[str]:
                          _f(j and j["ms_per_pop_step"], 3),
                          _f(t and t["ms_per_pop_step"], 3) + (f" ({t['torch_threads']} thr)" if t and
                                                                t.get("torch_threads") else ""),
-                         _f(r.get("speedup_vs_torch_seq"), 2, "×"),
+                         _f(r.get("speedup_vs_torch_seq"), 2, "×"), _vs_best(r),
                          _f(r.get("speedup_vs_jax_seq"), 2, "×"), _f(r.get("compile_s"), 1),
                          _f(mem.get("rss_delta_mb"), 0)])
         lines += _table(["N", "devices"] + (["processes"] if multi else []) + [
             "popjax", "popjax ms", "IQR ms", "GFLOP/s", "ceiling GFLOP/s", "% of ceiling", "JAX seq ms",
-            "PyTorch seq ms", "vs PyTorch seq", "vs JAX seq", "compile s", "peak RSS Δ MB"], rows)
+            "PyTorch seq ms", "vs PyTorch seq", "vs fastest PyTorch", "vs JAX seq", "compile s", "peak RSS Δ MB"],
+                        rows)
+        lines += _torch_table([r for r in res if r["learner"] == learner])
         if multi:
             lines += _processes_table(vectorized, popjax)
         fit = (p.get("memory_fit") or {}).get(learner)
@@ -372,6 +388,37 @@ def section_update(p: dict[str, Any]) -> list[str]:
                                                       + (f" P={r['processes']}" if "processes" in r else "")
                                                       + f" ({r['skipped']})" for r in skipped), ""]
     return lines
+
+
+def _vs_best(r: dict[str, Any]) -> str:
+    ratio, against = _torch_ratio(r)
+    return "—" if ratio is None else f"{ratio:.2f}× ({against})"
+
+
+def _torch_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The PyTorch variants of one learner, ms per population step at each N (the fastest thread count of
+    each), the fastest in bold; none when only the eager sequential baseline ran."""
+    torch_rows = [r for r in rows if r["impl"].startswith("torch")]
+    variants = list(dict.fromkeys(r["impl"] for r in torch_rows))
+    if variants in ([], ["torch_seq"]):
+        return []
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in torch_rows:
+        if (r["impl"], r["pop"]) not in best or r["ms_per_pop_step"] < best[(r["impl"], r["pop"])]["ms_per_pop_step"]:
+            best[(r["impl"], r["pop"])] = r
+    table = []
+    for n in sorted({r["pop"] for r in torch_rows}):
+        times = {v: best[(v, n)] for v in variants if (v, n) in best}
+        fastest = min(times, key=lambda v: times[v]["ms_per_pop_step"])
+        cells = []
+        for v in variants:
+            r = times.get(v)
+            cell = "—" if r is None else f"{r['ms_per_pop_step']:.3f} ({r.get('torch_threads')} thr" + (
+                f", compile {r['compile_s']:.0f} s)" if r.get("compile_s") is not None else ")")
+            cells.append(f"**{cell}**" if v == fastest else cell)
+        table.append([n, *cells, fastest])
+    return ["PyTorch variants, ms per population step (fastest thread count; compile: the first two calls):", "",
+            *_table(["N", *variants, "fastest"], table)]
 
 
 def _processes_table(rows: list[dict[str, Any]], popjax: Callable[[dict[str, Any]], str]) -> list[str]:

@@ -13,6 +13,11 @@ device, the implementations timed in the same process are:
   after another, one step per call — the paper's baseline (skipped with a message when
   PyTorch is not installed). TD3's timed call is one policy-delay period of such steps (its
   cost alternates between critic-only and critic+actor steps), divided by the period.
+- ``torch_compile``, ``torch_vmap``, ``torch_vmap_compile`` (TD3 and SAC): the strongest PyTorch a user
+  can write (``torch_functional``): one member's functional step under ``torch.compile`` called member after
+  member, the step vectorized over members with ``torch.func.vmap`` (the paper's "Torch (Vectorized)"), and
+  that under ``torch.compile``; their compile time (the first two calls) is reported apart. Each ratio names
+  its baseline; ``speedup_vs_torch_best`` is against the fastest PyTorch variant at that N.
 
 ``vmap``/``vmap_scan`` run once per requested device count (the member axis split over the
 devices with a NamedSharding); the sequential baselines run on one device.
@@ -58,8 +63,10 @@ from popjax_bench import options as opt
 from popjax_bench.common import log
 
 STUDY = "update"
-IMPLS = ("vmap", "vmap_scan", "jax_seq", "torch_seq")
+TORCH_IMPLS = ("torch_seq", "torch_compile", "torch_vmap", "torch_vmap_compile")
+IMPLS = ("vmap", "vmap_scan", "jax_seq", *TORCH_IMPLS)
 VECTORIZED = ("vmap", "vmap_scan")
+FUNCTIONAL_LEARNERS = ("td3", "sac")  # the functional PyTorch variants (torch_functional) exist for these
 DEFAULT_POPS = (1, 2, 4, 8, 16, 32, 64)
 PROBLEMS = ("td3", "sac", "dqn")  # learners with the paper's timing shapes (``problem``)
 
@@ -416,6 +423,71 @@ def prepare_torch_seq(p: Problem, pop: int, opts, threads: int | None = None) ->
     return entry | {"compile": None, "memory": mem.result(), "torch_device": dev, "torch_threads": threads}
 
 
+_TORCH_FUNCTIONS: dict[Problem, Any] = {}
+
+
+def prepare_torch_functional(p: Problem, pop: int, opts, variant: str, threads: int | None = None) -> dict[str, Any]:
+    """A functional PyTorch variant (``torch_functional.VARIANTS``) at ``pop`` members, compiled and warmed up.
+
+    Members start from the same modules as ``torch_seq``; one timed call is one population step (TD3: one
+    policy-delay period of steps, as for ``torch_seq``); the noise is drawn with ``torch.randn`` each step, as
+    the eager modules do. ``compile``: the time of the first two calls (compilation; none for eager vmap)."""
+    import torch
+
+    from popjax_bench import torch_functional as tf
+    from popjax_bench import torch_reference as tr
+
+    dev = tr.device()
+    torch.manual_seed(opts.seed)
+    threads = threads or tr.DEFAULT_THREADS
+    torch.set_num_threads(threads)
+    _, hp1 = make_learner(p)
+    hp = tr.hparams_dict(hp1)
+    batch = jax.device_get(synthetic_batches(p, None, pop, opts.seed))
+    batches = [tr.batch_to_torch(member(batch, i), dev) for i in range(pop)]
+    del batch
+    obs_dim, act = p.spec.obs_shape[0], p.spec.action_dim
+    with common.PeakMemory() as mem:
+        module = tr.TorchTD3 if p.learner == "td3" else tr.TorchSAC
+        members = [module(obs_dim, act, p.config.hidden, hp, dev) for _ in range(pop)]
+        # One functions object per problem: torch_compile's member graph then compiles once for every N.
+        fns = _TORCH_FUNCTIONS.setdefault(p, tf.FUNCTIONS[p.learner](members[0]))
+        update = tf.population(variant, fns, [fns.init_state(m) for m in members], hp)
+        del members
+        vectorized = variant != "torch_compile"
+        if vectorized:
+            batches = tf.stack(batches)
+        draws = 1 if p.learner == "td3" else 2  # TD3: target smoothing; SAC: next action and actor sample
+
+        def noise():
+            draw = [torch.randn((pop, p.batch_size, act), device=dev) for _ in range(draws)]
+            return _per_member(draw[0] if draws == 1 else tuple(draw), pop, vectorized)
+
+        period = int(hp["policy_delay"]) if p.learner == "td3" else 1
+
+        def call():
+            torch.set_num_threads(threads)  # per call: implementations are timed interleaved
+            return [update(batches, noise(), t == period - 1) for t in range(period)]
+
+        start = time.perf_counter()
+        for _ in range(2):  # compiles (each graph: TD3's critic-only and policy steps)
+            call()
+        first_calls_s = time.perf_counter() - start
+        entry = _ready(call, lambda _: tr.synchronize(dev), opts, period)
+    compiled = variant.endswith("compile")
+    return entry | {"compile": {"compile_s": first_calls_s} if compiled else None, "memory": mem.result(),
+                    "torch_device": dev, "torch_threads": threads}
+
+
+def _per_member(noise, pop: int, vectorized: bool):
+    """``noise`` (a tensor or a tuple of tensors ``[pop, ...]``) as it is passed: stacked, or one per member."""
+    if vectorized:
+        return noise
+    if isinstance(noise, tuple):
+        return [tuple(n[i] for n in noise) for i in range(pop)]
+    return [noise[i] for i in range(pop)]
+
+
 # --- the study ---------------------------------------------------------------------------------------
 def _record(p: Problem, impl: str, pop: int, devices: int, out: dict[str, Any]) -> dict[str, Any]:
     k = out["steps_per_call"]
@@ -543,22 +615,29 @@ def largest_population(p: Problem, k: int | None = None, limit_bytes: int | None
 
 
 def add_ratios(results: list[dict[str, Any]]) -> None:
-    """Adds speed-ups vs the sequential baselines measured at the same (learner, N).
+    """Adds speed-ups vs the baselines measured at the same (learner, N): ``speedup_vs_<impl>`` for each
+    sequential and PyTorch implementation, and ``speedup_vs_torch_best`` against the fastest PyTorch variant
+    at that N, named in ``torch_best``.
 
-    With several PyTorch thread counts the fastest PyTorch run at that N is the baseline
-    (the conservative choice for popjax).
+    With several PyTorch thread counts the fastest run of each variant is its baseline (the conservative
+    choice for popjax).
     """
     base: dict[tuple[str, str, int], float] = {}
     for r in results:
-        if "skipped" not in r and r["impl"] in ("jax_seq", "torch_seq"):
+        if "skipped" not in r and r["impl"] in ("jax_seq", *TORCH_IMPLS):
             key = (r["learner"], r["impl"], r["pop"])
             base[key] = min(base.get(key, float("inf")), r["ms_per_pop_step"])
     for r in results:
         if "skipped" in r:
             continue
-        for name in ("torch_seq", "jax_seq"):
+        for name in ("jax_seq", *TORCH_IMPLS):
             ref = base.get((r["learner"], name, r["pop"]))
             r[f"speedup_vs_{name}"] = None if ref is None else ref / r["ms_per_pop_step"]
+        torch_runs = {name: base[(r["learner"], name, r["pop"])] for name in TORCH_IMPLS
+                      if (r["learner"], name, r["pop"]) in base}
+        best = min(torch_runs, key=torch_runs.get) if torch_runs else None
+        r["torch_best"] = best
+        r["speedup_vs_torch_best"] = None if best is None else torch_runs[best] / r["ms_per_pop_step"]
 
 
 # --- the population over several processes (--processes) -------------------------------------------------
@@ -870,11 +949,13 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     problems = [problem(name, o.hidden, o.batch_size, o.k, o.frame) for name in learners]
     common.request_devices(o.devices_needed())
     notes: list[str] = []
-    if "torch_seq" in impls:
+    torch_missing = None
+    if any(impl in TORCH_IMPLS for impl in impls):
         from popjax_bench import torch_reference as tr
 
         if not tr.available():
-            notes.append(f"torch_seq skipped: {tr.TORCH_ERROR}")
+            torch_missing = "PyTorch not installed"
+            notes.append(f"PyTorch baselines skipped: {tr.TORCH_ERROR}")
             log(f"WARNING: {notes[-1]}")
     sitting = common.Sitting(allow_busy=o.allow_busy, wait_quiet=o.wait_quiet, repeats=o.repeats,
                              min_time=o.min_time, seed=o.seed)
@@ -906,7 +987,10 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
         "statistic": "median (and IQR) of at least `repeats` timed calls after warm-up, K-step calls included, "
         "divided by steps per call",
         "baselines": "torch_seq = PyTorch sequential K=1 (paper's baseline; one run per thread count, the fastest "
-        "at each N is the baseline); jax_seq = jitted single-member update called member after member, K=1",
+        "at each N is the baseline); torch_compile = one member's functional step under torch.compile, member "
+        "after member; torch_vmap = members vectorized with torch.func.vmap (the paper's Torch (Vectorized)); "
+        "torch_vmap_compile = that under torch.compile; torch_best = the fastest of the PyTorch variants at each "
+        "N; jax_seq = jitted single-member update called member after member, K=1",
         "ceilings": "dense matmul peak (2048² f32) before and after the study; N×[B,h]@[h,h] (B = batch, h = the "
         "widest hidden layer) measured just before each TD3/SAC point; DQN has none (its dominant work is the "
         "convolutions)",
@@ -938,12 +1022,13 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
             variants = [(impl, d, None) for impl, d in variants]
             if "jax_seq" in impls:
                 variants.append(("jax_seq", 1, None))
-            if "torch_seq" in impls:
-                variants += [("torch_seq", 1, t) for t in thread_counts]
+            variants += [(impl, 1, t) for impl in TORCH_IMPLS if impl in impls for t in thread_counts]
             prepared = []  # (impl, devices, threads, entry): all compiled and warmed up, then timed interleaved
             for impl, d, threads in variants:
-                if impl == "torch_seq" and notes and any(n.startswith("torch_seq skipped") for n in notes):
-                    results.append(_skip(p, impl, pop, d, "PyTorch not installed"))
+                functional = impl in TORCH_IMPLS and impl != "torch_seq"
+                if impl in TORCH_IMPLS and (torch_missing or (functional and p.learner not in FUNCTIONAL_LEARNERS)):
+                    why = torch_missing or f"the functional PyTorch variants cover {', '.join(FUNCTIONAL_LEARNERS)}"
+                    results.append(_skip(p, impl, pop, d, why + (f" ({threads} threads)" if threads else "")))
                     continue
                 prev = last.get((impl, d, threads))
                 if prev is not None:
@@ -960,8 +1045,10 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
                     entry = prepare_vmap(p, pop, d, p.k, o)
                 elif impl == "jax_seq":
                     entry = prepare_jax_seq(p, pop, o)
-                else:
+                elif impl == "torch_seq":
                     entry = prepare_torch_seq(p, pop, o, threads)
+                else:
+                    entry = prepare_torch_functional(p, pop, o, impl, threads)
                 prepared.append((impl, d, threads, entry))
             if not prepared:
                 continue
@@ -1022,13 +1109,13 @@ def plot_update(payload: dict[str, Any], path: Path) -> Path:
         for label in dict.fromkeys(_label(r) for r in rows):
             series = sorted((r for r in rows if _label(r) == label), key=lambda r: r["pop"])
             pops = [r["pop"] for r in series]
-            style = "--" if "seq" in label else "-"
+            style = "--" if "seq" in label or label.startswith("torch") else "-"
             (line,) = axes[0, col].plot(pops, [r["ms_per_pop_step"] for r in series], style, marker="o", label=label)
             # The lower panel: speed-up vs PyTorch, or with --processes the time over 1 process (same devices).
-            key = "vs_one_process" if processes else "speedup_vs_torch_seq"
+            key = "vs_one_process" if processes else "speedup_vs_torch_best"
             speed = [(r["pop"], r.get(key)) for r in series if not processes or r.get("processes", 1) > 1]
             speed = [(n, s) for n, s in speed if s]
-            if speed and label != "torch_seq":
+            if speed and not label.startswith("torch"):
                 axes[1, col].plot(*zip(*speed, strict=True), style, marker="o", label=label, color=line.get_color())
         axes[0, col].set(
             xscale="log",
@@ -1039,7 +1126,7 @@ def plot_update(payload: dict[str, Any], path: Path) -> Path:
         )
         axes[1, col].axhline(1.0, color="0.5", lw=0.8)
         axes[1, col].set(xscale="log", xlabel="population size N",
-                         ylabel="time / 1 process (as many devices)" if processes else "speed-up vs PyTorch sequential")
+                         ylabel="time / 1 process (as many devices)" if processes else "speed-up vs fastest PyTorch")
         for ax in axes[:, col]:
             ax.grid(True, which="both", alpha=0.3)
             if ax.get_legend_handles_labels()[0]:  # the speed-up panel is empty when only torch ran

@@ -1,0 +1,523 @@
+"""``make results``: regenerates the tables of experiments/RESULTS.md from the committed JSON in experiments/results/
+(and benchmarks/results/ for the speed tables). Never edit a generated table by hand: edit this file.
+
+A generated table sits between ``<!-- table: NAME -->`` and ``<!-- /table -->``; ``NAME`` is a function below.
+Statistics (``popjax.stats``): SD with ddof 1 and n stated; arms that share seeds are compared with a **paired**
+bootstrap (seeds redrawn jointly, 95 % percentile interval, 10 000 replicates, seed 0); with fewer than 4 seeds
+no bootstrap interval (it would cover far less than 95 %), the per-seed values instead.
+
+    python experiments/results.py            # rewrite experiments/RESULTS.md
+    python experiments/results.py --check    # exit 1 when a committed table differs from what its JSON gives
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from popjax import stats
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+BENCH = ROOT / "benchmarks" / "results"
+DOCUMENT = ROOT / "experiments" / "RESULTS.md"
+BLOCK = re.compile(r"(<!-- table: (\w+) -->\n)(.*?)(<!-- /table -->)", re.S)
+REPS = 10_000
+
+TABLES: dict[str, Callable[[], list[str]]] = {}
+
+
+def table(function: Callable[[], list[str]]) -> Callable[[], list[str]]:
+    TABLES[function.__name__] = function
+    return function
+
+
+def load(path: Path | str) -> dict:
+    return json.loads((RESULTS / path if not Path(path).is_absolute() else Path(path)).read_text())
+
+
+def md(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+        ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def num(x: float | None, digits: int = 0) -> str:
+    """``x`` with ``digits`` decimals ("-" for None or NaN; no "-0")."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    text = f"{x:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+def seeds(values: Sequence[float], digits: int = 0) -> str:
+    return ", ".join(num(v, digits) for v in values)
+
+
+def mean_sd(values: Sequence[float], digits: int = 0) -> str:
+    """mean ± SD (ddof 1); one value: the value alone."""
+    v = np.asarray(values, dtype=float)
+    return num(v.mean(), digits) if len(v) == 1 else f"{num(v.mean(), digits)} ± {num(v.std(ddof=1), digits)}"
+
+
+def paired_ratio(values: Sequence[float], base: Sequence[float], digits: int = 2) -> str:
+    """The 95 % paired bootstrap interval of mean(values) / mean(base) (seed i of both arms drawn together), or
+    "n<4" when there are fewer than 4 seeds."""
+    if len(values) < stats.MIN_BOOTSTRAP_SEEDS:
+        return f"n<{stats.MIN_BOOTSTRAP_SEEDS}"
+    ci = stats.paired_ci(values, base, "ratio", reps=REPS)
+    return f"{num(ci.low, digits)}-{num(ci.high, digits)}"
+
+
+def at_or_before(curve: Sequence[Sequence[float]], x: float) -> float:
+    """The last evaluation of a [step, value] curve at or before step x."""
+    return [v for s, v in curve if s <= x][-1]
+
+
+# --- speed -------------------------------------------------------------------------------------------------
+
+@table
+def shared_critic() -> list[str]:
+    data = load(BENCH / "shared_critic.json")
+    rows = [[r["pop"], num(r["vectorized_step_s"] * 1e3, 2), num(r["sequential_step_s"] * 1e3, 2),
+             num(r["sequential_loop_step_s"] * 1e3, 2), num(r["speedup_vs_sequential"], 2),
+             f"{num(r['vectorized_gflop_per_step'], 2)} / {num(r['sequential_gflop_per_step'], 2)}",
+             f"{num(r['vectorized_gflops_per_s'])} / {num(r['sequential_gflops_per_s'])}"] for r in data["results"]]
+    params = data["params"]
+    when = (f"_Measured {data['started_utc']}: pops {seeds(params['pops'])}, hidden {tuple(params['hidden'])}, "
+            f"B {params['batch_size']} per member, K = {params['k']}; load average {data['load_before'][0]} before, "
+            f"{data['load_after'][0]} after; {'busy' if data['busy'] else 'not busy'}. ms per step: median of at "
+            f"least {min(r['vectorized_repeats'] for r in data['results'])} timed calls._")
+    return [when, ""] + md(["N", "vectorized ms/step", "sequential (1 program)", "sequential (loop of jitted calls)",
+                            "vectorized speed-up vs sequential", "GFLOP/step vectorized / sequential",
+                            "GFLOP/s vectorized / sequential"], rows)
+
+
+# --- make run ------------------------------------------------------------------------------------------------
+
+@table
+def default_pbt() -> list[str]:
+    """`make run` (experiments/default.yaml): the population's returns per evaluation, from the run's evaluation
+    returns exported with ``popjax export-returns`` (marl-eval layout: one run key per member)."""
+    from popjax.comparison import read_marl_eval
+
+    (curves,) = read_marl_eval(RESULTS / "default_pbt.json").values()
+    returns = np.stack([c[:, 2] for c in curves.values()])  # [members, evaluations]
+    steps, wall = next(iter(curves.values()))[:, 0], next(iter(curves.values()))[:, 1]
+    rows = [[f"{s / 1000:g}k", num(w), num(returns[:, k].mean()), num(stats.iqm(returns[:, k])),
+             num(returns[:, k].max())] for k, (s, w) in enumerate(zip(steps, wall, strict=True))]
+    summary = load("default_pbt_summary.json")
+    final = summary["final_iqm"]
+    line = (f"_{summary['learner']} on {summary['env']}, {summary['driver']}, pop {summary['pop_size']}, seed "
+            f"{summary['seed']}: {num(summary['wall_s'])} s of training + {num(summary['compile_s'])} s compile, "
+            f"{len(summary.get('lineage', []))} exploits; best evaluation {num(summary['best_return'], 1)}; final "
+            f"IQM over members {num(final['iqm'], 1)} (95 % bootstrap CI over the {final['n']} members "
+            f"{num(final['ci'][0], 1)} to {num(final['ci'][1], 1)})._")
+    return [line, ""] + md([f"env steps / member (n = {len(returns)} members)", "wall s (excl. compile)",
+                            "population mean", "IQM", "best member"], rows)
+
+
+# --- CEM-RL and DvD ----------------------------------------------------------------------------------------
+
+CEMRL_NAMES = {"cemrl_vectorized": "CEM-RL vectorized", "cemrl_sequential": "CEM-RL sequential order",
+               "td3": "TD3 (3 members of one population)"}  # TD3: one population, so not paired with CEM-RL
+
+
+def by_method(runs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for run in sorted(runs, key=lambda r: r["seed"]):
+        out.setdefault(run["method"], []).append(run)
+    return out
+
+
+@table
+def cemrl_pendulum() -> list[str]:
+    groups = by_method(load("cemrl_pendulum.json")["runs"])
+    rows = []
+    for method, runs in groups.items():
+        cells = [seeds([at_or_before(r["curve"], x) for r in runs]) for x in (10_000, 20_000, 30_000)]
+        finals = [r["final"] for r in runs]
+        rows.append([f"{CEMRL_NAMES[method]}, seeds {seeds([r['seed'] for r in runs])}", *cells,
+                     f"{seeds(finals)} (**{mean_sd(finals)}**)", seeds([r["best"] for r in runs]),
+                     seeds([r["s_per_update"] for r in runs], 4)])
+    return md(["method (n = 3)", "return at 10k", "at 20k", "at 30k", "final (50k): per seed (mean ± SD)",
+               "best eval", "s / update"], rows)
+
+
+@table
+def cemrl_pendulum_paired() -> list[str]:
+    groups = by_method(load("cemrl_pendulum.json")["runs"])
+    base = [r["final"] for r in groups["cemrl_sequential"]]
+    diffs = [r["final"] - b for r, b in zip(groups["cemrl_vectorized"], base, strict=True)]
+    rows = [["CEM-RL vectorized − sequential order", seeds(diffs), mean_sd(diffs),
+             f"{sum(d > 0 for d in diffs)} of {len(diffs)}"]]
+    return md(["final return, paired by seed (n = 3)", "difference per seed", "mean ± SD",
+               "seeds where vectorized is ahead"], rows)
+
+
+@table
+def cemrl_halfcheetah() -> list[str]:
+    runs = sorted(load("cemrl_halfcheetah.json")["runs"], key=lambda r: (r["method"] != "cemrl_vectorized",
+                                                                        r["seed"]))
+    names = {"cemrl_vectorized": "CEM-RL mean actor", "td3": "TD3"}
+    rows = [[names[r["method"]], r["seed"], *(num(at_or_before(r["curve"], x)) for x in (2e4, 4e4, 6e4, 8e4)),
+             f"**{num(r['final'])}**", num(r["wall_s"]), num(r["s_per_update"], 4)] for r in runs]
+    return md(["method", "seed", "20k", "40k", "60k", "80k", "final (100k)", "wall_s (train)", "s / update"], rows)
+
+
+@table
+def dvd_halfcheetah() -> list[str]:
+    runs = {r["method"]: r for r in load("dvd_halfcheetah.json")["runs"]}
+    td3 = [r for r in load("cemrl_halfcheetah.json")["runs"] if r["method"] == "td3"]
+    points = (2e4, 4e4, 6e4, 8e4, 1e5)
+    rows = []
+    for method, name in (("dvd", "DvD (schedule)"), ("weight0", "weight 0")):
+        r = runs[method]
+        best = " / ".join(num(at_or_before(r["curve"], x)) for x in points[:-1]) + f" / **{num(r['final'])}**"
+        dist = f"{num(at_or_before(r['embedding_distance'], 2e4), 2)} -> **{num(r['embedding_distance'][-1][1], 2)}**"
+        rows.append([name, best, num(r["final_mean"]), dist, num(r["diversity_loss"][-1][1], 2),
+                     num(r["s_per_update"], 3)])
+    td3 = sorted(td3, key=lambda r: r["seed"])
+    curve = " / ".join(seeds([at_or_before(r["curve"], x) for r in td3]) for x in points[:-1])
+    rows.append([f"TD3 (seeds {seeds([r['seed'] for r in td3])})",
+                 f"{curve} / **{seeds([r['final'] for r in td3])}**", "(single agents)", "", "",
+                 f"{num(min(r['s_per_update'] for r in td3), 3)}-{num(max(r['s_per_update'] for r in td3), 3)}"])
+    return md(["method", "best member at 20k / 40k / 60k / 80k / 100k summed steps", "member mean, final",
+               "RMS action distance between actors (20k -> 100k)", "-log det(K + eps I), final", "s / update"], rows)
+
+
+@table
+def dvd_pendulum() -> list[str]:
+    runs = sorted(load("dvd_pendulum.json")["runs"], key=lambda r: (r["method"], r["seed"]))
+    order = ("dvd", "weight0", "dvd_release_kernel", "dvd_bandit")
+    rows = []
+    for r in sorted(runs, key=lambda r: (order.index(r["method"]), r["seed"])):
+        first = lambda key: next(v for _, v in r[key] if v == v)  # noqa: B023 - the first logged (not NaN)
+        finite = "none" if r["all_finite"] else "yes"
+        rows.append([r["method"], r["seed"], f"{num(r['final'])} / {num(r['best'])}", num(r["final_mean"]),
+                     f"{num(first('embedding_distance'), 2)} -> {num(r['embedding_distance'][-1][1], 2)}",
+                     f"{num(first('diversity_loss'), 2)} -> {num(r['diversity_loss'][-1][1], 2)}", finite])
+    td3 = sorted((r for r in load("cemrl_pendulum.json")["runs"] if r["method"] == "td3"), key=lambda r: r["seed"])
+    rows.append(["TD3 (from the CEM-RL section)", seeds([r["seed"] for r in td3]),
+                 f"{seeds([r['final'] for r in td3])} / {seeds([r['best'] for r in td3])}", "(single agents)",
+                 "", "", ""])
+    return md(["variant", "seed", "best member: final / best eval", "member mean, final",
+               "RMS action distance between actors (10k -> 50k)", "-log det(K + eps I) (10k -> 50k)", "NaN/Inf"],
+              rows)
+
+
+# --- SPO and prioritized replay (seeds paired across configurations: member m is the same seed) --------------
+
+def k(updates: float | None) -> str:
+    return "-" if updates is None else f"{updates / 1000:g}k"
+
+
+def spo_configs(summary: dict) -> list[tuple[str, dict]]:
+    return sorted(summary["configs"].items(), key=lambda kv: (kv[1]["local_steps"], kv[1]["replicas"]))
+
+
+def spo_ratio_cells(c: dict, base: dict) -> list[str]:
+    if c["replicas"] == 1:
+        return ["-", "-", "-"]
+    per_seed = c["auc_ratio_per_seed"]
+    return [f"**{num(c['auc_ratio_of_means'], 2)}**", f"{num(min(per_seed), 2)}-{num(max(per_seed), 2)}",
+            paired_ratio(c["auc"], base["auc"])]
+
+
+def spo_base(summary: dict, c: dict) -> dict:
+    return next(b for b in summary["configs"].values() if b["replicas"] == 1 and b["local_steps"] == c["local_steps"])
+
+
+@table
+def spo_cartpole() -> list[str]:
+    return spo_cartpole_table(load("spo_cartpole/results.json")["summary"])
+
+
+def spo_cartpole_table(summary: dict) -> list[str]:
+    """The per-seed table of an SPO-DQN sweep (``experiments/spo_cartpole.py`` prints it too)."""
+    n = len(next(iter(summary["configs"].values()))["auc"])
+    rows = [[name, 256 // c["replicas"], seeds(c["auc"]), mean_sd(c["auc"]), *spo_ratio_cells(c, spo_base(summary, c)),
+             ", ".join(k(u) for u in c["updates_to_threshold"])] for name, c in spo_configs(summary)]
+    return md([f"R x H (n = {n})", "b", "AUC per seed", "AUC mean ± SD", "ratio to R = 1 (same H)",
+               "per-seed ratio min-max", "95 % paired bootstrap of ratio", "updates to 475 (per seed)"], rows)
+
+
+@table
+def spo_cartpole_10seeds() -> list[str]:
+    summary = load("spo_cartpole/results_10seeds.json")["summary"]
+    rows = []
+    for name, c in spo_configs(summary):
+        reached = [u for u in c["updates_to_threshold"] if u is not None]
+        rows.append([name, mean_sd(c["auc"]), *spo_ratio_cells(c, spo_base(summary, c)),
+                     f"{len(reached)} / {len(c['auc'])} ({k(float(np.median(reached)) if reached else None)})"])
+    return md(["R x H (n = 10)", "AUC mean ± SD", "ratio to R = 1 (same H)", "per-seed ratio min-max",
+               "95 % paired bootstrap of ratio", "seeds reaching 475 (median updates)"], rows)
+
+
+def per_delay_table(summary: dict) -> list[str]:
+    """The table of a priority-write-delay sweep (``experiments/per_delay_cartpole.py`` prints it too)."""
+    configs = sorted(summary["configs"].values(), key=lambda c: c["delay"])
+    base = configs[0]
+    rows = [[c["delay"], seeds(c["final_returns"]), mean_sd(c["final_returns"]),
+             "-" if c is base else num(c["final_mean"] / base["final_mean"], 2),
+             "-" if c is base else paired_ratio(c["final_returns"], base["final_returns"]),
+             seeds(c["late_returns"]), num(c["late_mean"]), num(c["wall_s"])] for c in configs]
+    return md([f"D (n = {len(base['final_returns'])})", "final return per seed", "final mean ± SD", "ratio to D = 1",
+               "95 % paired bootstrap of ratio", "mean of last 5 evals per seed", "its mean", "wall s"], rows)
+
+
+@table
+def per_delay_cartpole() -> list[str]:
+    return per_delay_table(load("per_delay_cartpole/results.json")["summary"])
+
+
+@table
+def per_delay_cartpole_10seeds() -> list[str]:
+    return per_delay_table(load("per_delay_cartpole/results_10seeds.json")["summary"])
+
+
+SPO_PENDULUM = {"two_phase": "SPO-TD3 two-phase (R = 2, H = 10)", "naive": "SPO-TD3 naive (R = 2, H = 10)",
+                "td3": "TD3 (tau 0.005, delay 2)"}
+
+
+def spo_pendulum_rows(summary: dict, per_seed: bool) -> list[list[str]]:
+    rows = []
+    for name, label in SPO_PENDULUM.items():
+        if name not in summary["configs"]:
+            continue
+        c = summary["configs"][name]
+        n = len(c["final_returns"])
+        finite = "yes" if c["all_finite"] else "no"
+        finite += "" if per_seed else f" ({sum(not cols for cols in c['non_finite_columns'])} / {n})"
+        q = f"{num(c['q_mean_min'])}..{num(c['q_mean_max'])}"
+        seed_cells = [seeds(c["final_returns"])] if per_seed else []
+        best = [num(c["best"]), seeds(c["best_per_seed"])] if per_seed else [num(c["best"])]
+        rows.append([label, *seed_cells, f"**{mean_sd(c['final_returns'])}**", num(c["last5_mean"]), *best, q, finite,
+                     num(c["total_s"])])
+    return rows
+
+
+@table
+def spo_pendulum() -> list[str]:
+    return spo_pendulum_table(load("spo_pendulum/results.json")["summary"])
+
+
+def spo_pendulum_table(summary: dict) -> list[str]:
+    """The per-seed table of the SPO-TD3 study (``experiments/spo_pendulum.py`` prints it too)."""
+    n = len(next(iter(summary["configs"].values()))["final_returns"])
+    return md([f"configuration (n = {n})", "final return per seed", "final mean ± SD", "mean of last 5 evals",
+               "best (any seed, any eval)", "best per seed", "logged Q mean min..max", "all finite", "wall s"],
+              spo_pendulum_rows(summary, True))
+
+
+@table
+def spo_pendulum_10seeds() -> list[str]:
+    return md(["configuration (n = 10)", "final mean ± SD", "mean of last 5 evals", "best", "logged Q mean min..max",
+               "all finite", "wall s"], spo_pendulum_rows(load("spo_pendulum/results_10seeds.json")["summary"], False))
+
+
+@table
+def spo_scaling() -> list[str]:
+    """S4: the scaling factor of SPO-TD3 at R = 2 against the thesis's Eq. 5.5/5.6 (``popjax bench spo``)."""
+    results = load("spo_scaling/spo_s4.json")["results"]
+    terms = next(r for r in results if r["kind"] == "terms" and r["replicas"] == 2)
+    one = next(r for r in results if r["kind"] == "terms" and r["replicas"] == 1)
+    pick = lambda kind, h, replicas: next(r for r in results if r["kind"] == kind and r.get("local_steps") == h
+                                          and r["replicas"] == replicas)
+    cost = 2 * terms["t_trans_s"] + terms["t_avg_s"]
+    ms = lambda r: f"{num(r['step_s'] * 1e3, 2)} ({num(r['step_iqr_s'] * 1e3, 2)})"
+    rows = []
+    for h in sorted({r["local_steps"] for r in results if "local_steps" in r}):
+        spo, single = pick("spo", h, 2), pick("single", h, 1)
+        shared = 1 / (2 * (1 + cost / (single["step_s"] * h)))
+        rows.append([h, ms(single), ms(pick("sub", h, 2)), ms(spo), ms(pick("dp", h, 2)),
+                     f"**{num(spo['sf_measured'], 3)}**", f"**{num(spo['sf_model'], 3)}**", num(spo["sf_eq55"], 3),
+                     num(shared, 3)])
+    avg_iqr = num(terms["t_avg_iqr_s"] * 1e3, 3)
+    head = (f"Terms at R = 2: **T_avg = {num(terms['t_avg_s'] * 1e3, 3)} ms** (IQR {avg_iqr}), "
+            f"**T_trans = {num(terms['t_trans_s'] * 1e3, 3)} ms** (IQR {num(terms['t_trans_iqr_s'] * 1e3, 3)}), so "
+            f"2 T_trans + T_avg = {num(cost * 1e3, 2)} ms per round (R = 1: T_avg {num(one['t_avg_s'] * 1e3, 3)} ms, "
+            "T_trans 0). ms per update: median (IQR).")
+    return [head, ""] + md(["H", "T_ApeX = T_total, B = 256 (ms/update)", "T^b, b = 128 alone", "T_SPO, R = 2",
+                            "dp, R = 2", "SF measured", "SF Eq. 5.6", "SF Eq. 5.5 (measured T^b)",
+                            "SF shared cores (see below)"], rows)
+
+
+# --- HTS-RL and PPO + PBT --------------------------------------------------------------------------------------
+
+@table
+def hts_determinism() -> list[str]:
+    """H1: the HTS driver's stored values and final parameters against the serial schedule."""
+    data = load("hts_determinism.json")
+    checks = data["checks"]
+    rows = []
+    for learner in dict.fromkeys(r["learner"] for r in data["runs"]):
+        runs = [r for r in data["runs"] if r["learner"] == learner]
+        span = lambda r: f"{min(r['rows_per_call'])}-{max(r['rows_per_call'])}" if len(r["rows_per_call"]) > 1 \
+            else str(r["rows_per_call"][0])
+        serial = next(r for r in runs if r["serial"])
+        threads = [r for r in runs if not r["serial"] and r["control"] is None and r["seed"] == serial["seed"]]
+        other = next(r for r in runs if r["seed"] != serial["seed"])
+        name = learner.upper()
+        rows.append([name, "serial", serial["act_calls"], span(serial), "(reference)"])
+        rows.append([name, " / ".join(str(r["actors"]) for r in threads) + " actors",
+                     " / ".join(str(r["act_calls"]) for r in threads), " / ".join(span(r) for r in threads),
+                     "**" + " / ".join("yes" if checks[f"{learner}: {r['actors']} actors == serial"] else "NO"
+                                       for r in threads) + "**"])
+        rows.append([name, f"seed {other['seed']}, {other['actors']} actors", other["act_calls"], span(other),
+                     "differs (as it must)" if checks[f"{learner}: seed 1 differs"] else "EQUAL"])
+        for control, what in (("keys", "one key per member and call"), ("shape", "each member's available rows alone")):
+            r = next(r for r in runs if r["control"] == control)
+            first = checks[f"{learner}: control {control} first differing segment"]
+            verdict = f"**differs from segment {first}**" if checks[f"{learner}: control {control} breaks equality"] \
+                else "equal"
+            rows.append([name, f"control `{control}` ({what})", r["act_calls"], span(r), verdict])
+    return md(["learner", "run", "act calls", "rows per call", "equal to serial"], rows)
+
+
+@table
+def hts_throughput() -> list[str]:
+    """H2: env steps/s of lock-step and HTS segments with one actor thread (``popjax bench hts``)."""
+    results = [r for r in load(BENCH / "hts.json")["results"] if r["actors"] == 1 and r["learner"] == "sleep"]
+    rows = []
+    for step_time in dict.fromkeys(r["step_time"] for r in results):
+        for alpha in sorted({r["alpha"] for r in results if r["step_time"] == step_time}):
+            lock, hts = (next(r for r in results if (r["step_time"], r["alpha"], r["mode"]) == (step_time, alpha, mode))
+                         for mode in ("lockstep", "hts"))
+            cell = lambda r: f"{num(r['steps_per_s'])} ({num(r['predicted_steps_per_s'])})"
+            ratio = f"{num(hts['steps_per_s'] / lock['steps_per_s'], 2)}x " \
+                    f"({num(hts['predicted_steps_per_s'] / lock['predicted_steps_per_s'], 2)}x)"
+            rows.append([step_time, alpha, cell(lock), cell(hts), ratio])
+    return md(["step time", "alpha", "lock-step", "HTS", "ratio"], rows)
+
+
+@table
+def hts_learning() -> list[str]:
+    runs = load("hts_learning.json")["runs"]
+    base = runs["lockstep"]["mean_return_per_seed"]
+    rows = []
+    for name, label in (("lockstep", "lock-step A2C"), ("eq6", "HTS, Eq. 6"), ("none", "HTS, no correction")):
+        r = runs[name]
+        values = r["mean_return_per_seed"]
+        diff = "-" if name == "lockstep" else _paired_diff(values, base)
+        rows.append([label, seeds(values), f"**{mean_sd(values, 1)}**", diff, seeds(r["final_per_seed"])])
+    return md(["configuration (n = 8)", "mean eval return over training, per seed", "mean ± SD",
+               "Δ vs lock-step, paired by seed [95 % CI]", "final returns"], rows)
+
+
+def _paired_diff(values: Sequence[float], base: Sequence[float]) -> str:
+    ci = stats.paired_ci(values, base, reps=REPS)
+    return f"{num(ci.point, 1)} [{num(ci.low, 1)}, {num(ci.high, 1)}]"
+
+
+PPO_ARMS = (("pbt", "PBT (synchronous loop, `driver: pbt`)"), ("baseline", "independent, popjax PPO defaults"),
+            ("baseline_cleanrl_continuous", "independent, CleanRL continuous defaults"),
+            ("hts_pbt", "PBT on the HTS-RL schedule (`driver: hts`, `population: pbt`, alpha 512, 8 executors, "
+                        "2 actors)"),
+            ("pbt_seed1", "PBT, synchronous loop, `--seed 1`"), ("hts_pbt_seed1", "PBT on the HTS-RL schedule, "
+                                                                               "`--seed 1`"))
+
+
+@table
+def pbt_ppo_halfcheetah() -> list[str]:
+    data = load("pbt_ppo_halfcheetah.json")
+    rows = [[label, f"**{num(a['final_best'])}**" if key == "pbt" else num(a["final_best"]),
+             num(float(np.mean(a["final_returns"]))), num(a["best_return"]), a.get("exploits", 0), num(a["wall_s"])]
+            for key, label in PPO_ARMS for a in [data[key]]]
+    return md(["arm (one seed each; 8 members)", "best member at 1M", "population mean at 1M", "best evaluation",
+               "exploits", "wall s"], rows)
+
+
+# --- RLx2 ------------------------------------------------------------------------------------------------------
+
+RLX2 = {"rlx2": "RLx2-TD3 (RigL, 3-step from T0, dynamic buffer)", "dense": "dense TD3",
+        "rigl": "RigL (1-step, fixed buffer)", "set": "SET (random growth)", "ss": "static sparse (SS)",
+        "tiny": "Tiny (dense, hidden 34 x 34: the sparse actor's weight count)"}
+MASKS = {True: "True", False: "False", None: "-"}
+
+
+def rlx2_cells(c: dict) -> list[str]:
+    return [seeds(c["last5_per_seed"]), f"**{num(c['last5_mean'])}**"]
+
+
+def reduction(c: dict, key: str) -> str:
+    if c.get("costs") is None:
+        return "-"
+    return f"{num(c['costs'][key][0], 1)}x"
+
+
+@table
+def rlx2_s1() -> list[str]:
+    configs = load("rlx2_pendulum/s1.json")["summary"]["configs"]
+    rows = [[RLX2[name], *rlx2_cells(c), num(c["normalised"], 3), MASKS[c["exact_masks"]], num(c["total_s"])]
+            for name, c in configs.items()]
+    return md(["configuration (n = 3)", "last-5 mean per seed", "last-5 mean", "normalised", "every mask exact",
+               "wall s"], rows)
+
+
+@table
+def rlx2_s2() -> list[str]:
+    return rlx2_table(load("rlx2_pendulum/s2.json")["summary"])
+
+
+def rlx2_table(summary: dict) -> list[str]:
+    """The table of an RLx2 sweep with its costs (``experiments/rlx2_pendulum.py`` prints it too)."""
+    configs = summary["configs"]
+    rows = [[RLX2[name], *rlx2_cells(c), num(c["normalised"], 3), MASKS[c["exact_masks"]],
+             "1x" if name == "dense" else reduction(c, "size_reduction"),
+             "1x" if name == "dense" else reduction(c, "train_flops_reduction"), num(c["total_s"])]
+            for name, c in configs.items()]
+    return md(["configuration (n = 3)", "last-5 mean per seed", "last-5 mean", "normalised", "every mask exact",
+               "size /", "train FLOPs /", "wall s"], rows)
+
+
+@table
+def rlx2_hopper() -> list[str]:
+    data = load("rlx2_hopper-v5/s1.json")
+    best = {r["config"]: [max(v for _, v in curve) for curve in r["curves"]] for r in data["runs"]}
+    rows = [[{"rlx2": "RLx2-TD3", "dense": "dense TD3"}[name], *rlx2_cells(c), num(c["normalised"], 2),
+             seeds(best[name]), MASKS[c["exact_masks"]], "1x" if name == "dense" else reduction(c, "size_reduction"),
+             "1x" if name == "dense" else reduction(c, "train_flops_reduction")]
+            for name, c in data["summary"]["configs"].items()]
+    return md(["configuration (n = 3)", "last-5 mean per seed", "last-5 mean", "normalised",
+               "best evaluation per seed", "every mask exact", "size /", "train FLOPs /"], rows)
+
+
+# --- the document ------------------------------------------------------------------------------------------
+
+def render(text: str) -> str:
+    """``text`` with every generated table rebuilt from its JSON; a block naming no table is a ValueError."""
+    def fill(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in TABLES:
+            raise ValueError(f"table: {name!r} is not generated by experiments/results.py (allowed: "
+                             f"{', '.join(TABLES)})")
+        return match.group(1) + "\n".join(TABLES[name]()) + "\n" + match.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a table differs")
+    args = parser.parse_args(argv)
+    text = DOCUMENT.read_text()
+    new = render(text)
+    if args.check:
+        if new != text:
+            print(f"{DOCUMENT}: generated tables differ from their JSON (run make results)", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        DOCUMENT.write_text(new)
+    print(f"{DOCUMENT}: {len(BLOCK.findall(new))} tables regenerated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

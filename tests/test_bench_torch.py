@@ -1,0 +1,184 @@
+"""The functional PyTorch baselines (``popjax_bench.torch_functional``) compute popjax's update.
+
+Chain checked here: the functional step (eager, one member) equals the JAX learner's losses and the eager
+``torch_reference`` modules' parameters; vmapped over members with different hparams it equals a loop of
+members; under ``torch.compile`` it equals eager (``slow``: compiling takes about a minute). The update study
+times them beside the eager baseline and names the fastest PyTorch variant at each N.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from popjax.learners import sac, td3
+from popjax.learners.base import one_update
+from popjax.types import EnvSpec, Transition
+from popjax_bench import torch_reference as tr
+from popjax_bench import update
+
+pytestmark = pytest.mark.skipif(not tr.available(), reason=tr.TORCH_ERROR or "")
+if tr.available():
+    from popjax_bench import torch_functional as tf
+
+    torch = tr.torch
+
+SPEC = EnvSpec("t", (5,), action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3)
+
+
+def _batch(rng, b=8):
+    return Transition(rng.normal(size=(b, 5)).astype(np.float32), rng.uniform(-1, 1, (b, 3)).astype(np.float32),
+                      rng.normal(size=b).astype(np.float32), rng.normal(size=(b, 5)).astype(np.float32),
+                      (rng.uniform(size=b) < 0.2).astype(np.float32))
+
+
+def _leaves(tree):
+    return [x.detach().numpy() for x in torch.utils._pytree.tree_leaves(tree)]
+
+
+def _assert_trees_close(a, b, atol):
+    la, lb = _leaves(a), _leaves(b)
+    assert len(la) == len(lb) and la
+    for x, y in zip(la, lb, strict=True):
+        np.testing.assert_allclose(x, y, atol=atol, rtol=0)
+
+
+def _module_params(member, names):
+    return {name: (dict(getattr(member, name).named_parameters()) if name != "log_alpha" else member.log_alpha)
+            for name in names}
+
+
+def _torch_noise(key, shape):
+    return torch.from_numpy(np.array(jax.random.normal(key, shape)))
+
+
+def test_functional_td3_step_equals_the_jax_learner_and_the_eager_modules():
+    learner = td3.make_td3(td3.TD3Config(hidden=(16, 16), batch_size=8), SPEC)
+    hp = td3.default_hparams()  # policy_delay 2: steps 2 and 4 update the actor and targets
+    state = jax.jit(learner.init)(jax.random.key(0), hp)
+    step_fn = jax.jit(one_update(learner))
+    member = tr.TorchTD3(5, 3, (16, 16), tr.hparams_dict(hp))
+    tr.load_td3_from_jax(member, state)
+    fns = tf.TD3Functions(member)
+    functional, hps = fns.init_state(member), tf.hparam_tensors(tr.hparams_dict(hp))
+    rng = np.random.default_rng(0)
+    for step in range(4):
+        batch, key = _batch(rng), jax.random.key(100 + step)
+        state, metrics = step_fn(key, state, batch, hp)
+        noise = _torch_noise(key, batch.action.shape)  # the JAX learner's smoothing noise
+        member.update(tr.batch_to_torch(batch, "cpu"), noise=noise)
+        functional, out = fns.step(functional, tr.batch_to_torch(batch, "cpu"), noise, hps, step % 2 == 1)
+        np.testing.assert_allclose(out["critic_loss"].item(), float(metrics["critic_loss"]), rtol=1e-4)
+        if step % 2 == 1:
+            np.testing.assert_allclose(out["actor_loss"].item(), float(metrics["actor_loss"]), rtol=1e-4)
+        else:
+            assert "actor_loss" not in out
+    names = ("actor", "critic", "target_actor", "target_critic")
+    _assert_trees_close({n: functional["params"][n] for n in names}, _module_params(member, names), atol=1e-6)
+    jax_kernel = np.asarray(state.target_actor["params"]["MLP_0"]["Dense_1"]["kernel"]).T
+    np.testing.assert_allclose(functional["params"]["target_actor"]["layers.1.weight"].numpy(), jax_kernel, atol=1e-5)
+    assert functional["actor_opt"]["t"].item() == 2 and functional["critic_opt"]["t"].item() == 4
+
+
+def test_functional_sac_step_equals_the_jax_learner_and_the_eager_modules():
+    learner = sac.make_sac(sac.SACConfig(hidden=(16, 16), batch_size=8), SPEC)
+    hp = sac.default_hparams()
+    state = jax.jit(learner.init)(jax.random.key(1), hp)
+    step_fn = jax.jit(one_update(learner))
+    member = tr.TorchSAC(5, 3, (16, 16), tr.hparams_dict(hp))
+    tr.load_sac_from_jax(member, state)
+    fns = tf.SACFunctions(member)
+    functional, hps = fns.init_state(member), tf.hparam_tensors(tr.hparams_dict(hp))
+    rng = np.random.default_rng(1)
+    for step in range(3):
+        batch, key = _batch(rng), jax.random.key(200 + step)
+        key_next, key_actor = jax.random.split(key)  # the SAC learner's documented key split
+        state, metrics = step_fn(key, state, batch, hp)
+        noise = (_torch_noise(key_next, (8, 3)), _torch_noise(key_actor, (8, 3)))
+        member.update(tr.batch_to_torch(batch, "cpu"), noise_next=noise[0], noise_actor=noise[1])
+        functional, out = fns.step(functional, tr.batch_to_torch(batch, "cpu"), noise, hps)
+        for name in ("critic_loss", "actor_loss", "alpha_loss"):
+            np.testing.assert_allclose(out[name].item(), float(metrics[name]), rtol=1e-4, atol=1e-6)
+    names = ("actor", "critic", "target_critic", "log_alpha")
+    _assert_trees_close({n: functional["params"][n] for n in names}, _module_params(member, names), atol=1e-6)
+    np.testing.assert_allclose(functional["params"]["log_alpha"].item(), float(state.log_alpha), atol=1e-6)
+
+
+def _population(learner: str, pop: int = 3):
+    torch.manual_seed(3)
+    if learner == "td3":
+        hp = tr.hparams_dict(td3.default_hparams())
+        members = [tr.TorchTD3(5, 3, (16, 16), hp) for _ in range(pop)]
+        fns = tf.TD3Functions(members[0])
+    else:
+        hp = tr.hparams_dict(sac.default_hparams())
+        members = [tr.TorchSAC(5, 3, (16, 16), hp) for _ in range(pop)]
+        fns = tf.SACFunctions(members[0])
+    rng = np.random.default_rng(4)
+    batches = [tr.batch_to_torch(_batch(rng), "cpu") for _ in range(pop)]
+    draws = 1 if learner == "td3" else 2
+    noises = [tuple(torch.randn(pop, 8, 3) for _ in range(draws)) for _ in range(4)]
+    noises = [n[0] if draws == 1 else n for n in noises]
+    return fns, [fns.init_state(m) for m in members], hp, batches, noises
+
+
+def _loop(fns, states, hps, batches, noises, steps):
+    """``steps`` population steps, member after member (eager); ``hps``: per-member hparam dicts."""
+    states = list(states)
+    for t in range(steps):
+        for i in range(len(states)):
+            noise = noises[t][i] if not isinstance(noises[t], tuple) else tuple(n[i] for n in noises[t])
+            states[i], _ = fns.step(states[i], batches[i], noise, hps[i], t % 2 == 1)
+    return states
+
+
+@pytest.mark.parametrize("learner", ["td3", "sac"])
+def test_vmap_over_members_with_different_hparams_equals_a_loop(learner):
+    fns, states, hp, batches, noises = _population(learner)
+    lrs = (1e-4, 3e-4, 1e-3)
+    per_member = [tf.hparam_tensors({**hp, "actor_lr": lr, "critic_lr": 2 * lr}) for lr in lrs]
+    stacked_hp = {name: torch.stack([h[name] for h in per_member]) for name in per_member[0]}
+    vstep = {flag: torch.func.vmap(lambda s, b, n, h, flag=flag: fns.step(s, b, n, h, flag)) for flag in (False, True)}
+    stacked = tf.stack(states)
+    for t in range(4):
+        stacked, _ = vstep[t % 2 == 1](stacked, tf.stack(batches), noises[t], stacked_hp)
+    looped = _loop(fns, states, per_member, batches, noises, 4)
+    _assert_trees_close(tf.unstack(stacked, 3), looped, atol=1e-6)
+    moved = [np.abs(_leaves(a)[0] - _leaves(b)[0]).max() for a, b in zip(looped, states, strict=True)]
+    assert moved[0] < moved[2]  # the members' learning rates really differ
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("learner", ["td3", "sac"])
+def test_compiled_variants_equal_eager(learner):
+    fns, states, hp, batches, noises = _population(learner)
+    looped = _loop(fns, states, [tf.hparam_tensors(hp)] * 3, batches, noises, 4)
+    for variant in ("torch_compile", "torch_vmap_compile"):
+        update_fn = tf.population(variant, fns, states, hp)
+        vectorized = variant != "torch_compile"
+        for t in range(4):
+            noise = noises[t] if vectorized else update._per_member(noises[t], 3, False)
+            update_fn(tf.stack(batches) if vectorized else batches, noise, t % 2 == 1)
+        out = update_fn.holder["states"]
+        _assert_trees_close(tf.unstack(out, 3) if vectorized else out, looped, atol=1e-5)
+
+
+def test_the_update_study_names_the_fastest_pytorch_variant(tmp_path, monkeypatch):
+    from popjax_bench import common
+
+    monkeypatch.setattr(common, "load_average", lambda: [0.1, 0.1, 0.1])
+    monkeypatch.setattr(common, "others_cpu_share", lambda since: 0.0)
+    monkeypatch.setattr(common, "PEAK_N", 128)
+    payload = update.run(learners=("td3",), pops=(2,), impls=("vmap", "torch_seq", "torch_vmap"), hidden=(16, 16),
+                         batch_size=8, k=2, torch_threads=(1,), repeats=10, min_time=0.0, out_dir=tmp_path,
+                         plot=False)
+    rows = {r["impl"]: r for r in payload["results"]}
+    assert set(rows) == {"vmap", "torch_seq", "torch_vmap"} and not any("skipped" in r for r in rows.values())
+    fastest = min(("torch_seq", "torch_vmap"), key=lambda name: rows[name]["ms_per_pop_step"])
+    vmap = rows["vmap"]
+    assert vmap["torch_best"] == fastest
+    assert vmap["speedup_vs_torch_best"] == pytest.approx(rows[fastest]["ms_per_pop_step"] / vmap["ms_per_pop_step"])
+    assert vmap["speedup_vs_torch_vmap"] == pytest.approx(rows["torch_vmap"]["ms_per_pop_step"]
+                                                          / vmap["ms_per_pop_step"])
+    assert rows["torch_vmap"]["steps_per_call"] == 2 and rows["torch_vmap"]["compile"] is None  # eager: no compile

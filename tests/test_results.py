@@ -1,0 +1,61 @@
+"""The committed RESULTS tables are what their committed JSON gives (`make results` leaves them unchanged)."""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _results_module():
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        spec = importlib.util.spec_from_file_location("experiments_results", ROOT / "experiments" / "results.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    return module
+
+
+results = _results_module()
+DOCUMENT = (ROOT / "experiments" / "RESULTS.md").read_text()
+
+
+def test_every_generated_table_of_experiments_results_md_matches_its_json():
+    assert results.render(DOCUMENT) == DOCUMENT, "experiments/RESULTS.md differs from its JSON: run make results"
+
+
+def test_every_table_of_experiments_results_md_is_generated():
+    names = [m.group(2) for m in results.BLOCK.finditer(DOCUMENT)]
+    assert sorted(names) == sorted(results.TABLES)  # each generator is used once
+    outside = results.BLOCK.sub("", DOCUMENT)
+    assert not [line for line in outside.splitlines() if line.startswith(("| ", "|---"))], \
+        "a table outside the generated blocks: hand-copied numbers"
+
+
+def test_a_hand_edited_figure_is_caught():
+    edited = DOCUMENT.replace("| 8 | 18.89 |", "| 8 | 319.4 |")  # the stale shared-critic figure the issue found
+    assert edited != DOCUMENT and results.render(edited) == DOCUMENT
+    with pytest.raises(ValueError, match="'nonesuch' is not generated"):
+        results.render("<!-- table: nonesuch -->\n| x |\n<!-- /table -->")
+
+
+def test_regenerated_figures_use_ddof_1_and_pair_seeds():
+    block = re.search(r"<!-- table: cemrl_pendulum -->\n(.*?)<!-- /table -->", DOCUMENT, re.S).group(1)
+    assert "-166, -134, -152 (**-151 ± 16**)" in block  # SD of the three finals with ddof 1 (ddof 0 gave 13)
+    assert "n<4" in DOCUMENT and "95 % paired bootstrap of ratio" in DOCUMENT
+
+
+def test_benchmarks_results_md_is_generated_from_its_json(tmp_path, monkeypatch):
+    from popjax_bench import report
+
+    monkeypatch.chdir(ROOT)  # the report names its inputs as given, relative to the repository
+    out = report.write_report("benchmarks/results", tmp_path / "RESULTS.md", analysis_path="benchmarks/ANALYSIS.md",
+                              targets_path="benchmarks/targets.yaml")
+    expected = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    # image links are relative to the file's folder: compare with the committed file's
+    assert out.read_text().replace(report._IMAGES["prefix"], "results") == expected
