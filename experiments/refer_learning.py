@@ -21,7 +21,9 @@ samples: the replay average; the far fraction over every stored rho of the repla
 Pass [spec]: (a) the replay-averaged KL is lower with ReF-ER in >= 4 of 5 seeds (mean over the evaluations after
 the first 20 % of training); (b) ReF-ER's far fraction within [0.05, 0.2] at every evaluation after the first 20 %;
 (c) final normalised return >= baseline - 0.1, normalised as (R - R_low) / (R_high - R_low) with fixed
-per-env constants (``NORMALISE``; not measured), difference with a paired percentile bootstrap 90 % CI.
+per-env constants (``NORMALISE``; not measured), difference with a paired percentile bootstrap 95 % CI
+(``popjax.stats.paired_ci``, 10,000 replicates). Running it again with the same options only re-summarises and
+re-plots the arms already in the JSON.
 Writes experiments/results/refer_learning_<env>.json and experiments/plots/refer_learning_<env>.png.
 """
 
@@ -36,6 +38,7 @@ import numpy as np
 from sweep_common import member_rows
 
 import popjax
+from popjax import stats
 from popjax.plots import save_figure
 
 HERE = Path(__file__).parent
@@ -72,13 +75,6 @@ def run_arm(arm: str, env: str, steps: int, seeds: int, out: Path, eval_episodes
             "compile_s": run.summary.get("compile_s"), "final_returns": run.summary["final_returns"]}
 
 
-def paired_interval(diff: np.ndarray, draws: int = 10_000) -> tuple[float, float]:
-    """5-95 % percentile bootstrap of the mean paired difference (seeds resampled as pairs)."""
-    rng = np.random.default_rng(0)
-    means = rng.choice(diff, (draws, len(diff))).mean(1)
-    return float(np.percentile(means, 5)), float(np.percentile(means, 95))
-
-
 def summarize(runs: dict, env: str, steps: int) -> dict:
     low, high = NORMALISE[env]
     norm = lambda r: (np.asarray(r, float) - low) / (high - low)  # noqa: E731
@@ -90,6 +86,7 @@ def summarize(runs: dict, env: str, steps: int) -> dict:
     final_base = norm([m["eval_return"][-1] for m in base])
     final_ref = norm([m["eval_return"][-1] for m in ref])
     diff = final_ref - final_base
+    ci = stats.paired_ci(final_ref, final_base, reps=10_000)  # 95 % percentile, seed i of both arms drawn together
     lower_kl = int(np.sum(kl_ref < kl_base))
     far_ok = all(0.05 <= f <= 0.2 for seed in far for f in seed)
     return {
@@ -101,7 +98,7 @@ def summarize(runs: dict, env: str, steps: int) -> dict:
         "final_return": {"td3": [m["eval_return"][-1] for m in base], "refer": [m["eval_return"][-1] for m in ref]},
         "final_normalised_mean_sd": {arm: [float(v.mean()), float(v.std(ddof=1))]
                                      for arm, v in (("td3", final_base), ("refer", final_ref))},
-        "difference_mean": float(diff.mean()), "difference_ci90": paired_interval(diff),
+        "difference_mean": float(diff.mean()), "difference_ci95": [float(ci.low), float(ci.high)],
         "c_return_passed": bool(final_ref.mean() >= final_base.mean() - 0.1),
         "normalise": [low, high],
     }
