@@ -519,18 +519,19 @@ def refer_seed_rows(name: str) -> list[str]:
                "normalised TD3", "normalised ReF-ER"], rows)
 
 
-def refer_curve_rows(name: str) -> list[str]:
+def refer_curve_rows(name: str, every: int = 1) -> list[str]:
+    """Means over the seeds at every ``every``-th evaluation (and the last)."""
     data = load(f"refer_learning_{name}.json")
     steps = data["runs"]["td3"]["members"][0]["env_steps"]
+    shown = sorted({*range(every - 1, len(steps), every), len(steps) - 1})
     rows = []
     for arm, key, label, digits in (("td3", "kl", "TD3 KL", 2), ("refer", "kl", "ReF-ER KL", 3),
                                     ("refer", "far_fraction", "ReF-ER far fraction", 3),
                                     ("refer", "beta", "ReF-ER beta", 2), ("td3", "eval_return", "TD3 return", 0),
                                     ("refer", "eval_return", "ReF-ER return", 0)):
         members = data["runs"][arm]["members"]
-        rows.append([label] + [num(float(np.mean([m[key][i] for m in members])), digits)
-                               for i in range(len(steps))])
-    return md(["env steps (means of the seeds)"] + [f"{x // 1000}k" for x in steps], rows)
+        rows.append([label] + [num(float(np.mean([m[key][i] for m in members])), digits) for i in shown])
+    return md(["env steps (means of the seeds)"] + [f"{steps[i] // 1000}k" for i in shown], rows)
 
 
 def refer_criteria_rows(name: str) -> list[str]:
