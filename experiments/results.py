@@ -567,6 +567,21 @@ def refer_pendulum_criteria() -> list[str]:
     return refer_criteria_rows("pendulum")
 
 
+@table
+def refer_hopper() -> list[str]:
+    return refer_seed_rows("hopper-v5")
+
+
+@table
+def refer_hopper_curve() -> list[str]:
+    return refer_curve_rows("hopper-v5", every=3)
+
+
+@table
+def refer_hopper_criteria() -> list[str]:
+    return refer_criteria_rows("hopper-v5")
+
+
 # --- the document ------------------------------------------------------------------------------------------
 
 def render(text: str) -> str:
