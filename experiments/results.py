@@ -488,6 +488,100 @@ def rlx2_hopper() -> list[str]:
                "best evaluation per seed", "every mask exact", "size /", "train FLOPs /"], rows)
 
 
+# --- ReF-ER (issue 24) -----------------------------------------------------------------------------------------
+
+@table
+def refer_controller() -> list[str]:
+    data = load("refer_controller.json")
+    rows = []
+    for arm in data["arms"]:
+        ss = arm["seeds"]
+        verdict = {True: "**held**", False: "**not held**", None: "(reference)"}[arm["passed"]]
+        rows.append([f"{arm['name']} (n = {len(ss)})",
+                     f"{num(min(s['far_min'] for s in ss), 3)} - {num(max(s['far_max'] for s in ss), 3)}",
+                     mean_sd([s["far_mean"] for s in ss], 3),
+                     f"{num(min(s['beta_min'] for s in ss), 3)} - {num(max(s['beta_max'] for s in ss), 3)}",
+                     mean_sd([s["beta_mean"] for s in ss], 3), mean_sd([s["drift_per_1k_steps"] for s in ss], 3),
+                     verdict])
+    return md(["arm", "far fraction after 20 % (min - max, all seeds)", "mean far fraction", "beta after 20 % "
+               "(min - max)", "mean beta", "drift of m per 1k steps", "pass"], rows)
+
+
+def refer_seed_rows(name: str) -> list[str]:
+    data = load(f"refer_learning_{name}.json")
+    s = data["summary"]
+    kl, ret, norm = s["kl_after_20pct"], s["final_return"], s["final_normalised"]
+    rows = [[i, num(kl["td3"][i], 2), num(kl["refer"][i], 3), num(ret["td3"][i]), num(ret["refer"][i]),
+             num(norm["td3"][i], 2), num(norm["refer"][i], 2)] for i in range(data["seeds"])]
+    rows.append([f"mean ± SD (n = {data['seeds']})", mean_sd(kl["td3"], 2), mean_sd(kl["refer"], 3),
+                 mean_sd(ret["td3"]), mean_sd(ret["refer"]), mean_sd(norm["td3"], 2), mean_sd(norm["refer"], 2)])
+    return md(["seed", "KL after 20 %, TD3", "KL after 20 %, ReF-ER", "final return TD3", "final return ReF-ER",
+               "normalised TD3", "normalised ReF-ER"], rows)
+
+
+def refer_curve_rows(name: str, every: int = 1) -> list[str]:
+    """Means over the seeds at every ``every``-th evaluation (and the last)."""
+    data = load(f"refer_learning_{name}.json")
+    steps = data["runs"]["td3"]["members"][0]["env_steps"]
+    shown = sorted({*range(every - 1, len(steps), every), len(steps) - 1})
+    rows = []
+    for arm, key, label, digits in (("td3", "kl", "TD3 KL", 2), ("refer", "kl", "ReF-ER KL", 3),
+                                    ("refer", "far_fraction", "ReF-ER far fraction", 3),
+                                    ("refer", "beta", "ReF-ER beta", 2), ("td3", "eval_return", "TD3 return", 0),
+                                    ("refer", "eval_return", "ReF-ER return", 0)):
+        members = data["runs"][arm]["members"]
+        rows.append([label] + [num(float(np.mean([m[key][i] for m in members])), digits) for i in shown])
+    return md(["env steps (means of the seeds)"] + [f"{steps[i] // 1000}k" for i in shown], rows)
+
+
+def refer_criteria_rows(name: str) -> list[str]:
+    data = load(f"refer_learning_{name}.json")
+    s, n = data["summary"], data["seeds"]
+    held = {True: "**held**", False: "**not held**"}
+    far = s["refer_far_fraction_after_20pct"]
+    base, ref = s["final_normalised"]["td3"], s["final_normalised"]["refer"]
+    ci = stats.paired_ci(ref, base, reps=REPS)
+    kl_ratio = float(np.mean(s["kl_after_20pct"]["td3"]) / np.mean(s["kl_after_20pct"]["refer"]))
+    rows = [["(a) replay-averaged KL lower with ReF-ER in >= 4 of 5 seeds",
+             f"lower in {s['seeds_with_lower_kl']} of {n} (mean {num(kl_ratio)}x lower)", held[s["a_kl_passed"]]],
+            ["(b) ReF-ER's far fraction in [0.05, 0.2] after the first 20 %",
+             f"{num(far['min'], 3)} - {num(far['max'], 3)} over every evaluation and seed", held[s["b_far_passed"]]],
+            ["(c) final normalised return >= baseline - 0.1",
+             f"{mean_sd(ref, 2)} vs {mean_sd(base, 2)}; ReF-ER - TD3 = {num(ci.point, 2)}, paired bootstrap 95 % "
+             f"CI [{num(ci.low, 2)}, {num(ci.high, 2)}]", held[s["c_return_passed"]]]]
+    return md(["criterion (spec §10)", "result", "verdict"], rows)
+
+
+@table
+def refer_pendulum() -> list[str]:
+    return refer_seed_rows("pendulum")
+
+
+@table
+def refer_pendulum_curve() -> list[str]:
+    return refer_curve_rows("pendulum")
+
+
+@table
+def refer_pendulum_criteria() -> list[str]:
+    return refer_criteria_rows("pendulum")
+
+
+@table
+def refer_hopper() -> list[str]:
+    return refer_seed_rows("hopper-v5")
+
+
+@table
+def refer_hopper_curve() -> list[str]:
+    return refer_curve_rows("hopper-v5", every=3)
+
+
+@table
+def refer_hopper_criteria() -> list[str]:
+    return refer_criteria_rows("hopper-v5")
+
+
 # --- the document ------------------------------------------------------------------------------------------
 
 def render(text: str) -> str:

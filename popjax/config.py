@@ -202,6 +202,10 @@ def _check_run(config: RunConfig) -> None:
         what = f"the on-policy learner {c.learner}" if LEARNERS[c.learner].on_policy else f"the learner {c.learner}"
         fail(f"the {c.driver} driver trains from a replay buffer, not {what} (allowed: {allowed})", at=("driver",),
              nested=True)
+    if DRIVERS[c.driver].shared_critic and LEARNERS[c.learner].own_replay:
+        allowed = ", ".join(name for name, d in DRIVERS.items() if not d.shared_critic and d.accepts_step(step_kind))
+        fail(f"{c.learner} {LEARNERS[c.learner].own_replay}, and the {c.driver} driver trains from one buffer "
+             f"shared by the population (allowed drivers: {allowed})", at=("learner",), nested=True)
     if DRIVERS[c.driver].shared_critic and LEARNERS[c.learner].shared_critic is None:
         offering = ", ".join(name for name, d in LEARNERS.items() if d.shared_critic is not None)
         fail(f"the {c.driver} driver trains TD3 actors with a shared critic (allowed: {offering}), got {c.learner!r}",

@@ -261,7 +261,8 @@ class Loop:
 
         def call(key, t, actor, obs):
             obs = placement.from_local(obs)
-            return placement.to_local(compiler("act", act, key, t, actor, obs)(key, t, actor, obs), rows)
+            acted = compiler("act", act, key, t, actor, obs)(key, t, actor, obs)
+            return jax.tree.map(lambda x: placement.to_local(x, rows), acted)  # actions, or (actions, extras)
 
         return call
 
@@ -421,7 +422,21 @@ class Loop:
                                                 fetch(self.driver.host.hparams(state)))
         if definition.counts is not None:
             summary["counts"] = definition.counts(make_learner_config(cfg), updates)
+        named = definition.summary_metrics
+        if named and is_writer():  # from metrics.csv (process 0's), so a resumed run reports the same
+            summary["learner_metrics"] = last_metrics(self.run_dir.read_metrics(), named, cfg.pop_size)
         return summary
+
+
+def last_metrics(rows: list[dict[str, float]], names: tuple[str, ...], pop_size: int) -> dict[str, list]:
+    """``{name: [each member's value in its last metrics row]}`` (None where the member has none or it is NaN)."""
+    last: dict[int, dict[str, float]] = {}
+    for row in rows:
+        if not math.isnan(row.get("member", math.nan)):
+            last[int(row["member"])] = row
+    value = lambda m, name: last.get(m, {}).get(name, math.nan)  # noqa: E731
+    return {name: [None if math.isnan(value(m, name)) else value(m, name) for m in range(pop_size)]
+            for name in names}
 
 
 def crossed(before: int, after: int, interval: int) -> bool:

@@ -55,6 +55,10 @@ class Transition:
     ``terminated`` is 1.0 only for a true terminal state (no bootstrap); a time-limit
     truncation keeps ``terminated = 0`` and ``next_obs`` is the real last observation,
     so the TD target still bootstraps from it.
+
+    ``extras``: what the acting learner recorded about the action beside it (``ReplayStep.extras``: ReF-ER's
+    behaviour mean, log-std, pre-squash action and last importance ratio); None (an empty subtree) for every learner
+    that records nothing, so their transitions and replay keep their layout.
     """
 
     obs: jax.Array
@@ -62,17 +66,37 @@ class Transition:
     reward: jax.Array
     next_obs: jax.Array
     terminated: jax.Array
+    extras: Any = None
 
 
-def dummy_transition(spec: EnvSpec) -> Transition:
-    """A zero transition with the shapes and dtypes of ``spec`` (no batch axis)."""
+def dummy_transition(spec: EnvSpec, extras: Any = None) -> Transition:
+    """A zero transition with the shapes and dtypes of ``spec`` (no batch axis); ``extras``: an example of the
+    learner's per-transition record (``ReplayStep.extras``), stored as zeros of its shapes."""
     return Transition(
         obs=jnp.zeros(spec.obs_shape, jnp.float32),
         action=jnp.zeros(spec.action_shape, spec.action_dtype),
         reward=jnp.zeros((), jnp.float32),
         next_obs=jnp.zeros(spec.obs_shape, jnp.float32),
         terminated=jnp.zeros((), jnp.float32),
+        extras=jax.tree.map(lambda x: jnp.zeros(jnp.shape(x), jnp.asarray(x).dtype), extras),
     )
+
+
+def split_action(acted: Any) -> tuple[Any, Any]:
+    """``(action, extras)`` from what an ``act`` returned: an action, or ``(action, extras)`` from a learner that
+    records extras with each transition (``ReplayStep.extras``)."""
+    return tuple(acted) if isinstance(acted, tuple) else (acted, None)
+
+
+@struct.dataclass
+class Replayed:
+    """A batch from a replay that keeps a refreshed per-transition value (``ReplayStep.refresh``): the sampled
+    ``transitions [B, ...]`` plus that value for every row of the replay (``stored [N]``, ``valid [N]``), so the
+    learner can compute replay-wide statistics (ReF-ER's far-policy fraction from the stored ratios)."""
+
+    transitions: Transition
+    stored: jax.Array
+    valid: jax.Array
 
 
 @struct.dataclass

@@ -54,7 +54,7 @@ from popjax.loop import Compiler
 from popjax.population.hparams import hparam_bounds, hparams_table, population_hparams, validate_space
 from popjax.population.tree import member, stack
 from popjax.registry import DRIVERS, LEARNERS
-from popjax.types import Trajectory, Transition, Windows
+from popjax.types import Replayed, Trajectory, Transition, Windows
 
 
 # --- a continuous toy gym env for the hts driver ---------------------------------------------------
@@ -114,9 +114,10 @@ DRIVER_RUN: dict[str, dict[str, Any]] = {
     "hts": {"hts": {"alpha": 5, "executors": 2, "actors": 1}},
 }
 # The pairs whose run (invariants 2 and 3) is in the default selection: a replay learner with chunked updates and
-# an on-policy learner with PBT's exploits; every other accepted pair runs with ``make test-slow``
+# an on-policy learner with PBT's exploits, a learner that refreshes stored values (ReF-ER: its replay recomputed
+# after exploits); every other accepted pair runs with ``make test-slow``
 # (tests/test_drivers.py also runs TD3 under every driver, and DQN under hts, in the default selection).
-DEFAULT_PAIRS = {("spo_dqn", "independent"), ("a2c", "pbt")}
+DEFAULT_PAIRS = {("spo_dqn", "independent"), ("a2c", "pbt"), ("refer_td3", "pbt")}
 
 
 def jax_env(learner: str) -> str:
@@ -256,9 +257,28 @@ def random_transitions(key, spec, shape: tuple[int, ...]) -> Transition:
                       terminated=(jax.random.uniform(k_term, shape) < 0.2).astype(jnp.float32))
 
 
+def random_extras(key, example, shape: tuple[int, ...]):
+    """A learner's per-transition record (``ReplayStep.extras``): positive values near 1 for a ``rho`` or a
+    ``log_std`` (its exp), normal draws (scaled) for the rest."""
+    leaves, treedef = jax.tree.flatten(example)
+    keys = jax.random.split(key, len(leaves))
+    drawn = [jax.random.uniform(k, shape + x.shape, minval=0.3, maxval=2.0) if x.ndim == 0
+             else 0.3 * jax.random.normal(k, shape + x.shape) for k, x in zip(keys, leaves, strict=True)]
+    return jax.tree.unflatten(treedef, drawn)
+
+
 def random_replay_batches(key, spec, step: ReplayStep, batch: int, leading: tuple[int, ...]):
     """Batches ``leading + [B, ...]`` as a replay source hands them to ``step``: transitions, or ``Windows`` of
-    ``step.window`` consecutive steps with their episode-end flags."""
+    ``step.window`` consecutive steps with their episode-end flags; with the learner's ``extras``, and as
+    ``Replayed`` (the refreshed value of a 32-row replay beside them) for a step that refreshes one."""
+    if step.extras is not None:
+        k_tr, k_ex, k_stored = jax.random.split(key, 3)
+        transitions = random_transitions(k_tr, spec, leading + (batch,))
+        transitions = transitions.replace(extras=random_extras(k_ex, step.extras, leading + (batch,)))
+        if step.refresh is None:
+            return transitions
+        stored = jax.random.uniform(k_stored, leading + (32,), minval=0.1, maxval=8.0)
+        return Replayed(transitions, stored, jnp.broadcast_to(jnp.arange(32) < 24, leading + (32,)))
     if step.window == 1:
         return random_transitions(key, spec, leading + (batch,))
     k_tr, k_end = jax.random.split(key)

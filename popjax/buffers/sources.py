@@ -7,10 +7,12 @@ A ``ReplaySource`` is built for one run (``SourceDef.make(config, spec, step)``,
     add(state, transitions [n, ...], ended [n]) -> state          # rows in the order they were stepped
     sample(key, state) -> (batch [B, ...], weights [B] | None, handle)
     write_back(state, handle, values [B]) -> state               # optional: what the learner computed per sample
+    rewrite(state, values_of) -> state                           # optional: recompute a refreshed value of all rows
 
 ``weights`` are importance weights for the learner's TD losses (None: uniform); ``handle`` names the sampled
-rows for ``write_back`` (the prioritized source writes |TD| back as priorities; later sources write back importance
-ratios or entropy priorities). ``shrink`` is optional: the FIFO view a dynamic replay capacity needs.
+rows for ``write_back`` (the prioritized source writes |TD| back as priorities; the uniform source writes a learner's
+refreshed value back, ``ReplayStep.refresh``: ReF-ER's importance ratios). ``shrink`` is optional: the FIFO view a
+dynamic replay capacity needs.
 
 A new source is a ``SourceDef`` and one line in ``popjax.buffers.SOURCES`` (or ``register_source``); the run's
 ``buffer`` field names it. A source refuses what it cannot serve (windows, banks, a learner without TD
@@ -27,9 +29,16 @@ import jax
 import jax.numpy as jnp
 
 from popjax.buffers.prioritized import make_prioritized_buffer, per_hyperparams
-from popjax.buffers.uniform import drop_oldest, make_uniform_buffer, oldest_items, sample_windows
+from popjax.buffers.uniform import (
+    drop_oldest,
+    make_uniform_buffer,
+    oldest_items,
+    sample_rows,
+    sample_windows,
+    valid_rows,
+)
 from popjax.schema import ConfigError
-from popjax.types import EnvSpec, Key, PyTree, Windows, dummy_transition
+from popjax.types import EnvSpec, Key, PyTree, Replayed, Windows, dummy_transition
 
 
 class FifoView(NamedTuple):
@@ -49,6 +58,9 @@ class ReplaySource(NamedTuple):
     sample: Callable[[Key, Any], tuple[PyTree, jax.Array | None, Any]]
     write_back: Callable[[Any, Any, jax.Array], Any] | None = None
     shrink: FifoView | None = None
+    # rewrite(state, values_of(rows [N, ...]) -> [N]) -> state: recomputes the learner's refreshed value
+    # (``ReplayStep.refresh``) of every row in one call; None: the source keeps no refreshed value.
+    rewrite: Callable[[Any, Callable], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,21 +91,53 @@ def make_uniform_source(config, spec: EnvSpec, step) -> ReplaySource:
     _check_windows(config, step, serves_windows=True)
     buffer = make_uniform_buffer(config.buffer_size, config.batch_size)
     window, stride = step.window, config.envs_per_member
+    if step.refresh is not None:
+        if window > 1:
+            raise ConfigError(f"learner: {config.learner} refreshes a stored value per transition, which the uniform "
+                              "source keeps for single transitions only (allowed: window 1)")
+        return _refreshing_source(buffer, config, spec, step)
     if window > 1:
         def sample(key, state):
             return Windows(*sample_windows(key, state, config.batch_size, window, stride)), None, None
 
         return ReplaySource(
-            init=lambda: buffer.init((dummy_transition(spec), jnp.zeros((), bool))),
+            init=lambda: buffer.init((dummy_transition(spec, step.extras), jnp.zeros((), bool))),
             add=lambda state, transitions, ended: buffer.add(state, (transitions, ended)),
             sample=sample,
             shrink=FifoView(lambda state, count: _first_of_rows(oldest_items(state, count)), drop_oldest,
                             lambda state: state.size))
     return ReplaySource(
-        init=lambda: buffer.init(dummy_transition(spec)),
+        init=lambda: buffer.init(dummy_transition(spec, step.extras)),
         add=lambda state, transitions, ended: buffer.add(state, transitions),
         sample=lambda key, state: (buffer.sample(key, state), None, None),
         shrink=FifoView(oldest_items, drop_oldest, lambda state: state.size))
+
+
+def _refreshing_source(buffer, config, spec: EnvSpec, step) -> ReplaySource:
+    """Uniform sampling of transitions with the learner's ``extras``, whose ``step.refresh.field`` the learner
+    recomputes: batches are ``Replayed`` (the field of every row beside the sample), ``write_back`` stores the new
+    values at the sampled rows and ``rewrite`` recomputes every row."""
+    field = step.refresh.field
+
+    def stored(state):
+        return state.data.extras[field]
+
+    def with_field(state, values):
+        extras = {**state.data.extras, field: values.astype(stored(state).dtype)}
+        return state.replace(data=state.data.replace(extras=extras))
+
+    def sample(key, state):
+        rows = sample_rows(key, state, config.batch_size)
+        batch = jax.tree.map(lambda buf: buf[rows], state.data)
+        return Replayed(batch, stored(state), valid_rows(state)), None, rows
+
+    return ReplaySource(
+        init=lambda: buffer.init(dummy_transition(spec, step.extras)),
+        add=lambda state, transitions, ended: buffer.add(state, transitions),
+        sample=sample,
+        write_back=lambda state, rows, values: with_field(state, stored(state).at[rows].set(values)),
+        shrink=FifoView(oldest_items, drop_oldest, lambda state: state.size),
+        rewrite=lambda state, values_of: with_field(state, values_of(state.data)))
 
 
 def _first_of_rows(found):
@@ -122,7 +166,7 @@ def make_prioritized_source(config, spec: EnvSpec, step) -> ReplaySource:
         batch, info = buffer.sample(key, state)
         return batch, info.weights.reshape(-1), info.indices  # weights bank-major, as the batch's rows
 
-    return ReplaySource(init=lambda: buffer.init(dummy_transition(spec), per_hyperparams(config.per_alpha,
+    return ReplaySource(init=lambda: buffer.init(dummy_transition(spec, step.extras), per_hyperparams(config.per_alpha,
                                                                                         config.per_beta,
                                                                                         config.per_eps)),
                         add=lambda state, transitions, ended: buffer.add(state, transitions),

@@ -59,16 +59,28 @@ def make_uniform_buffer(capacity: int, batch_size: int) -> Buffer:
         )
 
     def sample(key: Key, state: BufferState) -> PyTree:
-        idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(state.size, 1))
-        # Valid rows are the ``size`` before ``insert_pos``; for a buffer never shrunk (``drop_oldest``) that is
-        # rows [0, size) or all of them, so those draws stay the rows they always were.
-        idx = jnp.where(state.size == capacity, idx, (oldest_row(state) + idx) % capacity)
+        idx = sample_rows(key, state, batch_size)
         return jax.tree.map(lambda buf: buf[idx], state.data)
 
     def can_sample(state: BufferState) -> jax.Array:
         return state.size >= batch_size
 
     return Buffer(init, add, sample, can_sample, capacity, batch_size)
+
+
+def sample_rows(key: Key, state: BufferState, batch_size: int) -> jax.Array:
+    """``[batch_size]`` rows drawn uniformly among the valid ones (what ``Buffer.sample`` gathers)."""
+    capacity = jax.tree.leaves(state.data)[0].shape[0]
+    idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(state.size, 1))
+    # Valid rows are the ``size`` before ``insert_pos``; for a buffer never shrunk (``drop_oldest``) that is
+    # rows [0, size) or all of them, so those draws stay the rows they always were.
+    return jnp.where(state.size == capacity, idx, (oldest_row(state) + idx) % capacity)
+
+
+def valid_rows(state: BufferState) -> jax.Array:
+    """``[capacity]`` bool: the rows that hold an item (the ``size`` rows before ``insert_pos``)."""
+    capacity = jax.tree.leaves(state.data)[0].shape[0]
+    return (jnp.arange(capacity) - oldest_row(state)) % capacity < state.size
 
 
 def oldest_row(state: BufferState) -> jax.Array:

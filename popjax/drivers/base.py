@@ -190,6 +190,8 @@ class Driver(NamedTuple):
         replay buffer); the loop snapshots it to act while ``learn`` runs (``overlap``).
       maintenance: optional ``Maintenance``, run every ``every`` updates per member.
       set_hparams: optional ``(state, hparams [pop]) -> state``: writes the hparams ``host.propose`` chose.
+      on_replace: optional ``(state, replaced [pop] bool) -> state``: brings what a member derives from its learner
+        state up to date after another member's was copied into it (PBT's exploit; ReF-ER's stored ratios).
     """
 
     init: Callable[[Key], Any]
@@ -205,6 +207,7 @@ class Driver(NamedTuple):
     acting_view: Callable[[Any], Any] | None = None
     maintenance: Maintenance | None = None
     set_hparams: Callable[[Any, Any], Any] | None = None
+    on_replace: Callable[[Any, jax.Array], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -59,7 +59,7 @@ from popjax.drivers.base import (
 )
 from popjax.drivers.hts_executors import Executors, Storage
 from popjax.drivers.independent import init_members, member_policy
-from popjax.drivers.replay import make_source, random_actions, replay_updates
+from popjax.drivers.replay import make_source, random_actions, refresh_replaced, replay_updates, uses_random_warmup
 from popjax.learners.base import ReplayStep, RolloutStep
 from popjax.schema import Bool, Float, Int, OneOf, problem
 from popjax.types import Key, Trajectory, Transition, dummy_transition
@@ -188,7 +188,7 @@ class HtsInteraction(OwnInteraction):
         return state, metrics
 
     def _stage(self, compiler, state, store: Storage):
-        arrays = {k: np.array(v) for k, v in store.arrays().items()}  # copies: executors reuse the storage
+        arrays = jax.tree.map(np.array, store.arrays())  # copies: executors reuse the storage
         stage = compiler("hts_stage", self.programs["stage"], state, arrays, store.behaviour)
         return stage(state, arrays, store.behaviour)
 
@@ -245,14 +245,17 @@ class SegmentLearning(NamedTuple):
 
     ``init(learner states) -> {behaviour, buffer, pending}`` (the state fields the kind keeps); ``stage(state,
     transitions, ended, behaviour) -> state`` takes a finished segment (``[n, alpha, envs, ...]``) in at the
-    barrier; ``train(key, state) -> (learner states, metrics)`` is one update call, which makes ``updates``
-    gradient steps per member; ``warmup``: env steps per member of random actions and no updates."""
+    barrier; ``train(key, state) -> ((learner states, buffers), metrics)`` is one update call, which makes
+    ``updates`` gradient steps per member (buffers: what a replay source wrote back); ``warmup``: env steps per
+    member with no updates (and random actions, unless the learner records its behaviour); ``on_replace``: the
+    ``Driver.on_replace`` of the kind (None: nothing derived from the learner state)."""
 
     init: Callable[[Any], dict[str, Any]]
     stage: Callable[[Any, Transition, jax.Array, Any], Any]
     train: Callable[[Key, Any], tuple[Any, Any]]
     updates: int
     warmup: int
+    on_replace: Callable | None = None
 
 
 def rollout_segments(ctx: BuildContext, options: HtsOptions) -> SegmentLearning:
@@ -270,8 +273,9 @@ def rollout_segments(ctx: BuildContext, options: HtsOptions) -> SegmentLearning:
 
     def train(key, state):
         behaviour = state.behaviour if options.delayed_gradient == "eq6" else state.learner
-        return jax.vmap(learner.step.update)(members.keys(key), state.learner, state.pending, state.hparams,
-                                             behaviour)
+        learner_state, metrics = jax.vmap(learner.step.update)(members.keys(key), state.learner, state.pending,
+                                                               state.hparams, behaviour)
+        return (learner_state, state.buffer), metrics
 
     return SegmentLearning(init, stage, train, updates=learner.step.updates, warmup=0)
 
@@ -298,11 +302,14 @@ def replay_segments(ctx: BuildContext, options: HtsOptions) -> SegmentLearning:
         return state.replace(buffer=jax.vmap(source.add)(state.buffer, *flat))
 
     def train(key, state):
-        learner_state, _, metrics = replay_updates(learner, source, members, k, key, state.learner, state.buffer,
-                                                   state.hparams)  # a uniform source: nothing written back
-        return learner_state, metrics
+        learner_state, replay, metrics = replay_updates(learner, source, members, k, key, state.learner,
+                                                        state.buffer, state.hparams)
+        return (learner_state, state.buffer if replay is None else replay), metrics  # replay: values written back
 
-    return SegmentLearning(init, stage, train, updates=k, warmup=cfg.warmup_steps)
+    on_replace = None
+    if learner.step.refresh is not None:
+        on_replace = lambda state, replaced: refresh_replaced(learner, source, state, replaced)  # noqa: E731
+    return SegmentLearning(init, stage, train, updates=k, warmup=cfg.warmup_steps, on_replace=on_replace)
 
 
 SEGMENTS = {RolloutStep: rollout_segments, ReplayStep: replay_segments}
@@ -332,8 +339,10 @@ def build_independent(ctx: BuildContext, options: HtsOptions, env_factory: Calla
         """Each row alone (keys/obs ``[rows, ...]`` of one member), so no row depends on another."""
         def one(k_, o):
             k_act, k_rand = jax.random.split(k_)
-            a = learner.act(k_act, learner_state, o[None], hparams)[0]
-            return jnp.where(warm, random_actions(spec, k_rand, o[None])[0], a) if warmup else a
+            acted = jax.tree.map(lambda x: x[0], learner.act(k_act, learner_state, o[None], hparams))
+            if not warmup or not uses_random_warmup(learner):  # a learner that records its behaviour acts itself
+                return acted
+            return jnp.where(warm, random_actions(spec, k_rand, o[None])[0], acted)
 
         return jax.vmap(one)(keys, obs)
 
@@ -346,16 +355,18 @@ def build_independent(ctx: BuildContext, options: HtsOptions, env_factory: Calla
         """The update of the staged segment (on-policy) or ``K`` replay updates (off-policy); skipped when no
         segment awaits its update (the first segment) or during warm-up."""
         skip = ~state.has_pending | (state.counters.env_steps < warmup)
-        learner_state, metrics = train_unless(skip, segments.train, key, state, kept=state.learner)
+        (learner_state, buffer), metrics = train_unless(skip, segments.train, key, state,
+                                                        kept=(state.learner, state.buffer))
         done = jnp.where(skip, 0, segments.updates)
-        return state.replace(learner=learner_state, has_pending=jnp.zeros((), bool),
+        return state.replace(learner=learner_state, buffer=buffer, has_pending=jnp.zeros((), bool),
                              counters=state.counters.advance(updates=done)), metrics
 
     def stage(state: HtsState, arrays: dict, behaviour: HtsState) -> HtsState:
         """The barrier: the finished segment ``[alpha, n, envs, ...]`` into the state."""
-        per_member = {name: jnp.swapaxes(jnp.asarray(x), 0, 1) for name, x in arrays.items()}  # [n, alpha, envs]
+        per_member = jax.tree.map(lambda x: jnp.swapaxes(jnp.asarray(x), 0, 1), arrays)  # [n, alpha, envs]
         transitions = Transition(obs=per_member["obs"], action=per_member["action"], reward=per_member["reward"],
-                                 next_obs=per_member["next_obs"], terminated=per_member["terminated"])
+                                 next_obs=per_member["next_obs"], terminated=per_member["terminated"],
+                                 extras=per_member.get("extras"))
         state = segments.stage(state, transitions, per_member["ended"], behaviour)
         return state.replace(has_pending=jnp.ones((), bool), counters=state.counters.advance(env_steps=alpha * envs))
 
@@ -375,7 +386,7 @@ def build_independent(ctx: BuildContext, options: HtsOptions, env_factory: Calla
     # With PBT, the loop calls after_eval between two iterations: always at a barrier.
     return Driver(init=init, interaction=interaction, act=None, learn=None, evaluation=Episodes(cfg.eval_episodes),
                   policy=member_policy(learner), member_axes=MEMBER_AXES,
-                  host=HtsHost(DriverHost(lambda s: s.hparams), interaction))
+                  host=HtsHost(DriverHost(lambda s: s.hparams), interaction), on_replace=segments.on_replace)
 
 
 def hts_run_plots(run_dir) -> list:

@@ -17,11 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import jax
 import numpy as np
 
 from popjax.drivers.base import InteractionFailed
 from popjax.envs.gymnasium import SEED_STRIDE
-from popjax.types import EnvSpec
+from popjax.types import EnvSpec, split_action
 
 
 # --- env snapshots (exact resume on envs that offer get_state/set_state) ---------------------------
@@ -58,11 +59,32 @@ class Storage:
         self.next_obs = np.zeros(lead + spec.obs_shape, np.float32)
         self.terminated = np.zeros(lead, np.float32)
         self.ended = np.zeros(lead, bool)
+        self.extras = None  # what the learner records per transition (``act`` returned (actions, extras)), if any
         self.behaviour = None  # the acting parameters that filled it
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"obs": self.obs, "action": self.action, "reward": self.reward, "next_obs": self.next_obs,
-                "terminated": self.terminated, "ended": self.ended}
+        arrays = {"obs": self.obs, "action": self.action, "reward": self.reward, "next_obs": self.next_obs,
+                  "terminated": self.terminated, "ended": self.ended}
+        return arrays if self.extras is None else {**arrays, "extras": self.extras}
+
+    def record(self, t: int, m: int, e: int, extras) -> None:
+        """The learner's per-transition record of step ``t`` of env ``(m, e)`` (arrays allocated at the first)."""
+        if self.extras is None:
+            lead = self.reward.shape
+            self.extras = jax.tree.map(lambda x: np.zeros(lead + np.shape(x), np.asarray(x).dtype), extras)
+        for stored, value in zip(jax.tree.leaves(self.extras), jax.tree.leaves(extras), strict=True):
+            stored[t, m, e] = value
+
+
+def split_rows(acted):
+    """``(actions, extras | None)`` of an act call's result, as numpy (extras: what the learner records)."""
+    action, extras = split_action(acted)
+    return np.asarray(action), jax.tree.map(np.asarray, extras)
+
+
+def row_of(extras, index):
+    """Row ``index`` of every extras leaf (None stays None)."""
+    return None if extras is None else jax.tree.map(lambda x: x[index], extras)
 
 
 class Executors:
@@ -189,14 +211,17 @@ class Executors:
         valid = np.ones(shape, bool)
         for t in range(self.alpha):
             obs = self.obs.reshape(shape + self.spec.obs_shape)
-            actions = np.asarray(self.act(obs, np.full(shape, t, np.int32), valid))
+            actions, extras = split_rows(self.act(obs, np.full(shape, t, np.int32), valid))
             actions = actions.reshape((total,) + self.spec.action_shape)
+            extras = jax.tree.map(lambda x: x.reshape((total,) + x.shape[2:]), extras)
             for g in range(total):
-                self._step_env(store, g, t, actions[g])
+                self._step_env(store, g, t, actions[g], row_of(extras, g))
 
-    def _step_env(self, store: Storage, g: int, t: int, action) -> None:
+    def _step_env(self, store: Storage, g: int, t: int, action, extras=None) -> None:
         spec, env = self.spec, self.envs_[g]
         m, e = divmod(g, self.envs)
+        if extras is not None:
+            store.record(t, m, e, extras)
         native = int(action) if spec.discrete else self._native(action)
         o, r, term, trunc, _ = env.step(native)
         store.obs[t, m, e], store.action[t, m, e], store.reward[t, m, e] = self.obs[g], action, r
@@ -234,11 +259,12 @@ class Executors:
             try:
                 for t in range(self.alpha):
                     self._requests.put((e, mine, self.obs[mine].copy(), t))
-                    actions = self._get(self._replies[e])
-                    if actions is None:
+                    reply = self._get(self._replies[e])
+                    if reply is None:
                         return
+                    actions, extras = reply
                     for i, g in enumerate(mine):
-                        self._step_env(store, g, t, actions[i])
+                        self._step_env(store, g, t, actions[i], row_of(extras, i))
                     self._progress[e] = t + 1
                     self._last_progress = time.monotonic()
                     if self._step_barrier is not None:
@@ -272,10 +298,10 @@ class Executors:
                 for _, rows, o, step in requests:
                     m, env = np.divmod(np.asarray(rows), self.envs)
                     obs[m, env], t[m, env], valid[m, env] = o, step, True
-                actions = np.asarray(self.act(obs, t, valid))
+                actions, extras = split_rows(self.act(obs, t, valid))
                 for e, rows, _, _ in requests:
                     m, env = np.divmod(np.asarray(rows), self.envs)
-                    self._replies[e].put(actions[m, env])
+                    self._replies[e].put((actions[m, env], row_of(extras, (m, env))))
             except BaseException as err:  # noqa: BLE001
                 self._done.put((-1, f"actor {a} raised {type(err).__name__}: {err}"))
                 return

@@ -44,8 +44,10 @@ from popjax.drivers.replay import (
     maintenance,
     make_source,
     random_actions,
+    refresh_replaced,
     replay_updates,
     shrink_replay,
+    uses_random_warmup,
     writes_back,
 )
 from popjax.drivers.schedule import Schedule, with_schedule
@@ -105,8 +107,11 @@ def _replay_population(ctx: BuildContext, state_cls, member_axes) -> Driver:
         return state_cls(learner=learner_state, buffer=replay, hparams=hparams, counters=Counters.zeros(), **extra)
 
     def act(key: Key, state, obs: jax.Array) -> jax.Array:
-        """Exploration actions for obs ``[pop, envs, ...]`` (uniform random during warm-up)."""
+        """Exploration actions for obs ``[pop, envs, ...]`` (uniform random during warm-up, unless the learner
+        records its behaviour: then ``(actions, extras)`` from its own ``act`` throughout)."""
         keys = members.keys(key)
+        if not uses_random_warmup(learner):
+            return jax.vmap(learner.act)(keys, state.learner, obs, state.hparams)
         return jax.lax.cond(warming_up(state),
                             lambda: jax.vmap(lambda k_, o: random_actions(spec, k_, o))(keys, obs),
                             lambda: jax.vmap(learner.act)(keys, state.learner, obs, state.hparams))
@@ -133,7 +138,9 @@ def _replay_population(ctx: BuildContext, state_cls, member_axes) -> Driver:
     return Driver(init=init, interaction=rollout, act=act, learn=learn, evaluation=Episodes(cfg.eval_episodes),
                   policy=member_policy(learner), member_axes=member_axes, host=DriverHost(lambda state: state.hparams),
                   acting_view=lambda state: state.replace(buffer=None),
-                  maintenance=maintenance(learner, source, members))
+                  maintenance=maintenance(learner, source, members),
+                  on_replace=(lambda state, replaced: refresh_replaced(learner, source, state, replaced))
+                  if learner.step.refresh is not None else None)
 
 
 def _trajectory(experience: Experience, rollout: Rollout) -> Trajectory:

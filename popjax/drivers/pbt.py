@@ -565,13 +565,15 @@ def window_fitness(window: jax.Array, count: jax.Array) -> jax.Array:
 
 
 def pbt_after_eval(key: Key, state, returns: jax.Array, config: PBTConfig, total_env_steps: int,
-                   carried: tuple[str, ...] = ("learner",)):
+                   carried: tuple[str, ...] = ("learner",), on_replace: Callable | None = None):
     """Records the evaluation; when the population is ready, one exploit/explore round.
 
     ``state`` has ``counters``, ``hparams``, ``pbt`` (a ``PBTRecord``) and the member-axis fields named in
     ``carried``, which a loser copies from its parent (plus ``buffer`` with ``copy_buffer``): the learner
     state here; the HTS driver adds its behaviour state and staged segment, so a copied member continues
-    exactly as its parent would. Ready = ``interval`` env steps per member since the last round and not the
+    exactly as its parent would. ``on_replace(state, loser)``: the inner driver's update of what a loser derives
+    from its new learner state (``Driver.on_replace``), run in the round. Ready = ``interval`` env steps per member
+    since the last round and not the
     final evaluation. Returns ``(state, info)``; ``info`` holds ``ready``, ``loser`` and ``parent``
     ``[pop]``, the ``fitness`` used and the hparams before the round (for the lineage).
     """
@@ -595,7 +597,10 @@ def pbt_after_eval(key: Key, state, returns: jax.Array, config: PBTConfig, total
                        last_ready=jnp.where(ready, steps, record.last_ready), rounds=record.rounds + ready)
     info = {"ready": ready, "loser": loser, "explored": explored, "parent": parent, "fitness": fitness,
             "old_hparams": state.hparams, "env_steps": steps}
-    return state.replace(**copied, hparams=hparams, pbt=record), info
+    state = state.replace(**copied, hparams=hparams, pbt=record)
+    if on_replace is not None:
+        state = jax.lax.cond(ready, lambda s: on_replace(s, loser), lambda s: s, state)
+    return state, info
 
 
 class PBTHost(DriverHost):
@@ -730,7 +735,8 @@ def with_pbt(build_inner: Callable[[BuildContext], Driver], config: PBTConfig,
         pop, total = ctx.config.pop_size, ctx.config.total_env_steps
         return inner._replace(
             init=lambda key: inner.init(key, pbt=initial_record(config.fitness_window, pop)),
-            after_eval=lambda key, state, returns: pbt_after_eval(key, state, returns, config, total, carried),
+            after_eval=lambda key, state, returns: pbt_after_eval(key, state, returns, config, total, carried,
+                                                                  inner.on_replace),
             host=PBTHost(inner.host, config, ctx.config.seed),
             set_hparams=lambda state, hparams: state.replace(hparams=hparams))
 

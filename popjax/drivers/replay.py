@@ -30,10 +30,15 @@ def make_source(ctx: BuildContext) -> ReplaySource:
     cfg, learner = ctx.config, ctx.learner
     definition = SOURCES[cfg.buffer]
     source = definition.make(cfg, ctx.spec, learner.step)
-    if (source.write_back is not None) != definition.writes_back:  # a registry entry that contradicts its source
+    refreshes = learner.step.refresh is not None
+    # A source writes back what its entry declares (priorities), or the learner's refreshed value.
+    if (source.write_back is not None) != (definition.writes_back or refreshes):
         raise TypeError(f"replay source {cfg.buffer}: SourceDef.writes_back is {definition.writes_back}, its source "
                         f"{'has' if source.write_back is not None else 'has no'} write_back")
-    if source.write_back is not None and not learner.step.td:
+    if refreshes and source.rewrite is None:
+        raise ConfigError(f"buffer: the {cfg.learner} learner keeps a refreshed value per transition, which the "
+                          f"{cfg.buffer} source does not store (allowed: uniform)")
+    if source.write_back is not None and not learner.step.td and not refreshes:
         raise ConfigError(f"buffer: the {cfg.learner} learner returns no per-sample TD magnitudes for the {cfg.buffer} "
                           "source to write back (allowed: uniform)")
     if learner.shrink is not None and source.shrink is None:
@@ -44,6 +49,26 @@ def make_source(ctx: BuildContext) -> ReplaySource:
 
 def writes_back(source: ReplaySource) -> bool:
     return source.write_back is not None
+
+
+def refresh_replaced(learner: Learner, source: ReplaySource, state, replaced: jax.Array):
+    """The members ``replaced`` (bool ``[pop]``; a PBT exploit copied another member's learner state into them)
+    recompute the refreshed value of every row of their replay with their new learner state (one batched call per
+    member), so replay-wide statistics (ReF-ER's far fraction) are right at once."""
+    refresh = learner.step.refresh
+
+    def one(learner_state, replay, hp):
+        return source.rewrite(replay, lambda rows: refresh.rows(learner_state, rows, hp))
+
+    fresh = jax.vmap(one)(state.learner, state.buffer, state.hparams)
+    keep = lambda new, old: jnp.where(replaced.reshape(replaced.shape + (1,) * (old.ndim - 1)), new, old)
+    return state.replace(buffer=jax.tree.map(keep, fresh, state.buffer))
+
+
+def uses_random_warmup(learner: Learner) -> bool:
+    """Warm-up acts with uniform random actions unless the learner records its behaviour with each transition
+    (``ReplayStep.extras``): random actions have no such record, so it acts with its own policy from the start."""
+    return learner.step.extras is None
 
 
 def random_actions(spec: EnvSpec, key: Key, obs: jax.Array) -> jax.Array:
@@ -76,7 +101,8 @@ def replay_updates(learner: Learner, source: ReplaySource, members: Members, k: 
             return learner_state, metrics
         td = jnp.moveaxis(td, 1, 0)  # [H, pop, B]
         replay_now, _ = jax.lax.scan(lambda r, x: (v_write(r, *x), None), replay_now, (handles, td))
-        return (learner_state, replay_now), {**metrics, "td_abs": td.mean(axis=(0, 2))}
+        written = {"td_abs": td.mean(axis=(0, 2))} if step.refresh is None else {}  # refreshed values: the learner's
+        return (learner_state, replay_now), {**metrics, **written}
 
     step_keys = jax.random.split(key, k).reshape(k // step.chunk, step.chunk)
     carry, metrics = jax.lax.scan(one_chunk, (learner_state, replay) if writes else learner_state, step_keys)

@@ -9,7 +9,8 @@ acting function; the runner does the stepping:
 - ``HostRunner`` (``gym:``): gymnasium envs stepped on the host; every action comes from one
   compiled population call.
 
-Acting functions are ``act(key, t, actor, obs) -> actions`` with ``obs`` shaped
+Acting functions are ``act(key, t, actor, obs) -> actions`` (or ``(actions, extras)``: what the learner records
+with each transition, stored in ``Transition.extras``) with ``obs`` shaped
 ``[actors, envs per actor, *obs_shape]`` and ``t`` the step index inside the call (the key
 of step ``t`` is derived inside the compiled call, not on the host); evaluation policies are
 ``policy(actor, obs) -> actions``. Continuous actions are in ``[-1, 1]``.
@@ -26,7 +27,7 @@ import numpy as np
 
 from popjax.envs.base import VecEnv, VecEnvState
 from popjax.population.members import Members
-from popjax.types import EnvSpec, Key, Transition
+from popjax.types import EnvSpec, Key, Transition, split_action
 
 
 class Experience(NamedTuple):
@@ -57,6 +58,14 @@ def population_layout(x, members: int):
     return xp.swapaxes(x, 0, 1).reshape((members, t * envs) + x.shape[3:])
 
 
+def flat_act(acted, spec: EnvSpec):
+    """``(actions [n, ...], extras [n, ...] | None)`` from what an acting function returned for ``[actors, envs]``
+    (an action array, or ``(actions, extras)`` from a learner that records extras with each transition)."""
+    action, extras = split_action(acted)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    return action.reshape((-1,) + spec.action_shape), jax.tree.map(flat, extras)
+
+
 def env_ids(actor_ids: jax.Array, envs_per_actor: int) -> jax.Array:
     """Global indices of the envs of ``actor_ids`` (actor-major)."""
     ids = actor_ids[:, None] * envs_per_actor + jnp.arange(envs_per_actor, dtype=jnp.int32)
@@ -85,9 +94,9 @@ class JaxRunner:
 
         def env_step(env_state, t):
             obs = env_state.obs.reshape((m, self.envs_per_member) + spec.obs_shape)
-            action = act(key_act, t, actor, obs).reshape((-1,) + spec.action_shape)
+            action, extras = flat_act(act(key_act, t, actor, obs), spec)
             new_env_state, out = self.vec_env.step(jax.random.fold_in(key_env, t), env_state, action)
-            transition = Transition(env_state.obs, action, out.reward, out.next_obs, out.terminated)
+            transition = Transition(env_state.obs, action, out.reward, out.next_obs, out.terminated, extras)
             return new_env_state, (transition, out.finished_return, out.done)
 
         env_state, (transitions, returns, dones) = jax.lax.scan(env_step, env_state, jnp.arange(steps))
@@ -114,7 +123,7 @@ class JaxRunner:
         def env_step(carry, t):
             env_state, total, alive = carry
             obs = env_state.obs.reshape((m, episodes) + spec.obs_shape)
-            action = act(key_act, t, actor, obs).reshape((-1,) + spec.action_shape)
+            action = flat_act(act(key_act, t, actor, obs), spec)[0]  # whole episodes record no extras
             new_state, out = self.vec_env.step(jax.random.fold_in(key_env, t), env_state, action)
             total = total + alive * out.reward
             recorded = (Transition(env_state.obs, action, out.reward, out.next_obs, out.terminated), alive > 0) \
@@ -174,10 +183,10 @@ class HostRunner:
         returns, dones = np.zeros(n, np.float64), np.zeros(n, np.float64)
         for t in range(steps):
             obs = self.env.obs
-            action = np.asarray(act(key, np.int32(t), actor, obs.reshape(shape + spec.obs_shape)))
-            action = action.reshape((n,) + spec.action_shape)
+            acted = jax.tree.map(np.asarray, act(key, np.int32(t), actor, obs.reshape(shape + spec.obs_shape)))
+            action, extras = flat_act(acted, spec)
             out = self.env.step(action)
-            steps_taken.append(Transition(obs, action, out.reward, out.next_obs, out.terminated))
+            steps_taken.append(Transition(obs, action, out.reward, out.next_obs, out.terminated, extras))
             ended.append(np.asarray(out.done, bool))
             returns += out.finished_return
             dones += out.done
@@ -193,7 +202,8 @@ class HostRunner:
             raise ValueError(f"{vec.num_envs} training envs for {m} actors x {episodes} episodes")
         obs = vec.obs if self._freshly_reset else np.stack([e.reset()[0] for e in vec.envs]).astype(np.float32)
         self._freshly_reset = False
-        return self._episodes(vec, lambda t, o: act(key, np.int32(t), actor, o), m, episodes, obs, record=True)
+        return self._episodes(vec, lambda t, o: split_action(act(key, np.int32(t), actor, o))[0], m, episodes, obs,
+                              record=True)
 
     def evaluate(self, key: Key, policy: Callable, actor, actor_ids, episodes: int) -> np.ndarray:
         """Mean return ``[m]`` of ``episodes`` deterministic episodes per actor, in re-seeded envs."""

@@ -23,6 +23,20 @@ BatchSize = Int(ge=1, le=1_048_576)
 MUJOCO_V5 = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5")
 
 
+class Refresh(NamedTuple):
+    """A per-transition value a learner keeps in its replay and recomputes (ReF-ER's last importance ratio).
+
+    ``field``: its key in the transitions' ``extras`` (``act`` writes its first value). The step's per-sample output
+    is then this value at the sampled rows (not a TD magnitude), which the replay source writes back, and its
+    batches are ``popjax.types.Replayed`` (the sample plus the stored value of every row). ``rows(state, transitions
+    [N, ...], hparams) -> values [N]`` recomputes it for any rows in one batched call (after a PBT exploit replaced
+    the member's learner state).
+    """
+
+    field: str
+    rows: Callable[[Any, Any, Any], jax.Array]
+
+
 class ReplayStep(NamedTuple):
     """An off-policy learner's one update: ``chunk`` consecutive gradient steps of one member from replay.
 
@@ -36,6 +50,11 @@ class ReplayStep(NamedTuple):
     ``banks``: replay banks the learner reads (SPO: replica r reads the r-th ``B / banks`` rows of each batch, which
     a banked source fills from bank r). ``window`` > 1: batches are ``popjax.types.Windows`` of that many consecutive
     transitions of one env (multi-step targets). ``td``: whether ``update`` returns TD magnitudes.
+
+    ``extras``: an example (no batch axis) of what the learner's ``act`` records with each transition; ``act`` then
+    returns ``(action, extras)``, the replay stores them in ``Transition.extras``, and warm-up acts with ``act``
+    too (uniform random actions carry no record of their behaviour). ``refresh``: a ``Refresh``, a stored value the
+    update recomputes at the sampled rows (then ``td`` is False).
     """
 
     update: Callable[[Key, Any, Any, jax.Array | None, Any], tuple[Any, Metrics, jax.Array | None]]
@@ -43,6 +62,8 @@ class ReplayStep(NamedTuple):
     banks: int = 1
     window: int = 1
     td: bool = True
+    extras: Any = None
+    refresh: Refresh | None = None
 
 
 class RolloutStep(NamedTuple):
@@ -80,7 +101,8 @@ class Learner(NamedTuple):
     """Pure single-member functions; population code vmaps them over axis 0.
 
     init(key, hparams) -> state
-    act(key, state, obs, hparams) -> action      # exploration (obs may be batched)
+    act(key, state, obs, hparams) -> action      # exploration (obs may be batched); (action, extras) when the
+                                                 # replay step declares ``extras`` (recorded per transition)
     policy(state, obs) -> action                 # greedy / evaluation
     step: a ``ReplayStep`` (off-policy, trained from a replay source) or a ``RolloutStep`` (on-policy)
     maintain: an optional ``Periodic`` hook; shrink: an optional ``ReplayShrink`` hook (replay steps only)
@@ -189,6 +211,12 @@ class LearnerDef:
     # read from its spec when the run is built (a convolutional torso on vector observations), so the run is
     # refused with one line instead of failing when its networks are first traced. None: every spec fits.
     check_env: Callable[[Any, EnvSpec], tuple[str, str] | None] | None = None
+    # Why the learner's members must learn from their own replay only (drivers that share one buffer refuse it,
+    # with this reason); None: any replay.
+    own_replay: str | None = None
+    # Metrics whose last logged value per member goes to summary.json's ``learner_metrics`` (ReF-ER's far fraction,
+    # beta, c_max, KL).
+    summary_metrics: tuple[str, ...] = ()
 
     @property
     def on_policy(self) -> bool:

@@ -138,6 +138,9 @@ class SACSteps:
     critic_targets: Callable[[PyTree], PyTree] = identity
     target: Callable | None = None  # None: the one-step target of ``sac_core``
     sample: Callable = identity
+    # (actor params, critic params, obs, alpha, key) -> (loss, log_prob): the actor's objective; None: SAC's
+    # (``SACCore.actor_loss``). ReF-ER masks its per-sample terms and adds a KL penalty.
+    actor_loss: Callable | None = None
 
 
 PLAIN = SACSteps()
@@ -220,7 +223,7 @@ def sac_core(config: SACConfig, spec: EnvSpec) -> SACCore:
         critic, critic_opt = steps.critic(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
 
         # Actor, through the just-updated critic.
-        (actor_loss, log_prob), actor_grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(
+        (actor_loss, log_prob), actor_grads = jax.value_and_grad(steps.actor_loss or actor_loss_fn, has_aux=True)(
             state.actor, critic, transitions.obs, alpha, key_actor
         )
         actor, actor_opt = steps.actor(state.actor, actor_grads, state.actor_opt, hp.actor_lr)

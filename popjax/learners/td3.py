@@ -120,7 +120,12 @@ def target_q(key: Key, actor_net, critic_net, target_actor: PyTree, target_criti
 
 def dpg_loss(actor_net, critic_net, actor: PyTree, critic: PyTree, obs: jax.Array) -> jax.Array:
     """The deterministic policy gradient loss: ``-Q_1(s, pi(s))`` averaged over the batch."""
-    return -critic_net.apply(critic, obs, actor_net.apply(actor, obs))[0].mean()
+    return -dpg_values(actor_net, critic_net, actor, critic, obs).mean()
+
+
+def dpg_values(actor_net, critic_net, actor: PyTree, critic: PyTree, obs: jax.Array) -> jax.Array:
+    """``Q_1(s, pi(s))`` per sample ``[B]``: minus the per-sample DPG loss (what ReF-ER masks per sample)."""
+    return critic_net.apply(critic, obs, actor_net.apply(actor, obs))[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +137,8 @@ class TD3Steps:
     ``actor_targets``: applied to the targets after each Polyak average. ``target(key, actor_net, critic_net,
     target_actor, target_critic, batch, hp) -> y`` is the TD target of a batch (RLx2: multi-step over windows) and
     ``sample(batch)`` the transitions ``[B, ...]`` the losses are about (the first of each window).
+    ``actor_loss(actor, critic, transitions) -> loss``: the actor's objective (None: ``dpg_loss``; ReF-ER masks the
+    per-sample DPG terms and adds its KL penalty).
     """
 
     critic: Callable = adam_step
@@ -140,6 +147,7 @@ class TD3Steps:
     actor_targets: Callable[[PyTree], PyTree] = identity
     target: Callable = target_q
     sample: Callable = identity
+    actor_loss: Callable | None = None
 
 
 PLAIN = TD3Steps()
@@ -184,8 +192,11 @@ def td3_core(config: TD3Config, spec: EnvSpec) -> TD3Core:
         return critic, critic_opt, critic_loss, q, jnp.abs(q - y).max(axis=0)
 
     def actor_update(state: TD3State, critic: PyTree, batch: Transition, hp: TD3HParams, steps: TD3Steps):
-        actor_loss, actor_grads = jax.value_and_grad(
-            lambda actor: dpg_loss(actor_net, critic_net, actor, critic, steps.sample(batch).obs))(state.actor)
+        if steps.actor_loss is None:
+            loss = lambda actor: dpg_loss(actor_net, critic_net, actor, critic, steps.sample(batch).obs)  # noqa: E731
+        else:
+            loss = lambda actor: steps.actor_loss(actor, critic, steps.sample(batch))  # noqa: E731
+        actor_loss, actor_grads = jax.value_and_grad(loss)(state.actor)
         actor, actor_opt = steps.actor(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
         return actor, actor_opt, actor_loss
 
