@@ -169,6 +169,7 @@ def test_compiled_variants_equal_eager(learner):
         _assert_trees_close(tf.unstack(out, 3) if vectorized else out, looped, atol=1e-5)
 
 
+@pytest.mark.slow  # the accelerator test below runs the study with a PyTorch variant by default
 def test_the_update_study_names_the_fastest_pytorch_variant(tmp_path, monkeypatch):
     from popjax_bench import common
 

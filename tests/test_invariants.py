@@ -117,7 +117,7 @@ DRIVER_RUN: dict[str, dict[str, Any]] = {
 # an on-policy learner with PBT's exploits, a learner that refreshes stored values (ReF-ER: its replay recomputed
 # after exploits); every other accepted pair runs with ``make test-slow``
 # (tests/test_drivers.py also runs TD3 under every driver, and DQN under hts, in the default selection).
-DEFAULT_PAIRS = {("spo_dqn", "independent"), ("a2c", "pbt"), ("refer_td3", "pbt")}
+DEFAULT_PAIRS = {("spo_dqn", "independent"), ("a2c", "pbt")}  # ReF-ER under PBT: test_refer.py by default
 
 
 def jax_env(learner: str) -> str:

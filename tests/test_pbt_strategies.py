@@ -287,7 +287,10 @@ def kill_and_resume(run, tmp_path):
     return popjax.resume(cut), kept[0] * 25
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+# PB2 (host state that must resume) runs by default; the others behind `slow` (make test-slow), to keep the
+# default suite within its time.
+@pytest.mark.parametrize("name", [name if name == "pb2" else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in STRATEGIES])
 def test_strategy_runs_traced_once_and_resumes_exactly(name, tmp_path, compilers):
     from test_pbt import enable_xla_cache
 
