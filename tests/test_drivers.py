@@ -9,7 +9,6 @@ driver written in this module registers with one line and trains: a driver is an
 
 import csv
 import json
-import shutil
 from typing import Any
 
 import jax
@@ -18,9 +17,9 @@ import numpy as np
 import pytest
 from flax import struct
 from learner_helpers import assert_trees_equal, use_shared_xla_cache
+from rundir_helpers import killed_copy
 
 import popjax
-from popjax.checkpoint import Checkpointer
 from popjax.config import make_config
 from popjax.drivers import DRIVERS
 from popjax.drivers.base import Counters, Driver, DriverDef, DriverHost, DriverOptions, Episodes
@@ -87,14 +86,7 @@ def test_every_program_traces_once_and_kill_then_resume_is_exact(name, compilers
         assert summary["dvd_bandit"]["draws"] == 3 and traces["after_eval"] == 1
 
     # A kill: the newest checkpoints and the summary are gone, later metrics rows are not.
-    cut = tmp_path / "cut"
-    shutil.copytree(full.out_dir, cut)
-    (cut / "summary.json").unlink()
-    checkpoints = Checkpointer(cut / "checkpoints")
-    kept = checkpoints.steps()
-    for step in kept[1:]:
-        checkpoints.delete(step)
-    checkpoints.close()
+    cut, _ = killed_copy(full.out_dir, tmp_path / "cut")
     assert len(metric_rows(cut)) == len(metric_rows(full.out_dir))
 
     resumed = popjax.resume(cut)

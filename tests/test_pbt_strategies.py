@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from rundir_helpers import killed_copy
 from test_pbt import TD3_SPACE, population, run_exploit, toy_population
 
 from popjax.config import ConfigError
@@ -271,20 +272,10 @@ STRATEGIES = {
 
 def kill_and_resume(run, tmp_path):
     """The run cut back to its oldest kept checkpoint (a kill before an exploit), resumed."""
-    import shutil
-
     import popjax
-    from popjax.checkpoint import Checkpointer
 
-    cut = tmp_path / "cut"
-    shutil.copytree(run.out_dir, cut)
-    (cut / "summary.json").unlink()
-    checkpoints = Checkpointer(cut / "checkpoints")
-    kept = checkpoints.steps()
-    for step in kept[1:]:
-        checkpoints.delete(step)
-    checkpoints.close()
-    return popjax.resume(cut), kept[0] * 25
+    cut, step = killed_copy(run.out_dir, tmp_path / "cut")
+    return popjax.resume(cut), step * 25
 
 
 # PB2 (host state that must resume) runs by default; the others behind `slow` (make test-slow), to keep the
