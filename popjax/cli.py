@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "compare":
             from popjax.comparison import compare
 
-            reference = _load_yaml(args.reference) if args.reference else None
+            reference = _load_yaml(args.reference, "--reference") if args.reference else None
             result = compare(args.run_dirs, label=args.label, baseline=args.baseline, out=args.out,
                              reference=reference, score=args.score)
             print(result.text, end="")

@@ -316,8 +316,22 @@ def pbt_schedule(run_dir, out: str | Path | None = None) -> Path:
     path = Path(out) if out is not None else rd.path / "schedule.yaml"
     if path.is_dir():
         raise ConfigError(f"out: {path} is a folder, not a file")
+    if path.exists() and not _is_schedule(path):  # a schedule this command wrote may be rewritten; nothing else
+        raise ConfigError(f"out: {path} exists and is not a schedule popjax wrote; popjax never overwrites it "
+                          "(choose another --out)")
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def _is_schedule(path: Path) -> bool:
+    """A YAML file ``pbt_schedule`` wrote (a mapping with its keys)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and {"learner", "env", "source", "member", "schedule"} <= set(data)
 
 
 def plot_run(run_dir) -> list[Path]:

@@ -348,7 +348,12 @@ def test_schedule_replay_reproduces_the_best_members_hparams_at_every_round(pbt_
 
     from popjax import cli
 
+    mine = tmp_path / "notes.yaml"
+    mine.write_text("keep: me\n")  # a file popjax did not write: refused, left as it is
+    assert cli.main(["pbt-schedule", str(pbt_run.out_dir), "--out", str(mine)]) == 2
+    assert "is not a schedule popjax wrote" in capsys.readouterr().err and mine.read_text() == "keep: me\n"
     assert cli.main(["pbt-schedule", str(pbt_run.out_dir), "--out", str(tmp_path / "s.yaml")]) == 0
+    assert cli.main(["pbt-schedule", str(pbt_run.out_dir), "--out", str(tmp_path / "s.yaml")]) == 0  # its own
     data = yaml.safe_load((tmp_path / "s.yaml").read_text())
     final = pbt_run.summary["final_returns"]
     assert data["member"] == int(np.argmax(final)) and data["learner"] == "td3"
