@@ -416,12 +416,12 @@ class Loop:
             "final_iqm": stats.population_iqm(final),  # over members, with its bootstrap CI (4+ members)
             **self.driver.host.summary(state),
         }
-        definition = LEARNERS[cfg.learner]
+        definition, learner_config = LEARNERS[cfg.learner], make_learner_config(cfg)
         if definition.costs is not None:
-            summary["costs"] = definition.costs(make_learner_config(cfg), self.runner.spec,
-                                                fetch(self.driver.host.hparams(state)))
+            hparams = fetch(self.driver.host.hparams(state))
+            summary["costs"] = definition.costs(learner_config, self.runner.spec, hparams)
         if definition.counts is not None:
-            summary["counts"] = definition.counts(make_learner_config(cfg), updates)
+            summary["counts"] = definition.counts(learner_config, updates)
         named = definition.summary_metrics
         if named and is_writer():  # from metrics.csv (process 0's), so a resumed run reports the same
             summary["learner_metrics"] = last_metrics(self.run_dir.read_metrics(), named, cfg.pop_size)
