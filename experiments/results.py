@@ -690,6 +690,83 @@ def pbt_strategies_pendulum() -> list[str]:
                   f"{arm} {below[arm]} of {members[arm]}" for arm in PBT_ARMS) + "."]
 
 
+
+@table
+def memr_hopper() -> list[str]:
+    return memr_table("memr_hopper/results.json")
+
+
+@table
+def memr_hopper_paired() -> list[str]:
+    return memr_paired_table("memr_hopper/results.json")
+
+
+# --- HTS-RL Table A1 analogue (issue 27) ---------------------------------------------------------------------
+HTS_A1_ARMS = {"lockstep": "lock-step A2C", "eq6": "HTS, delayed gradient (Eq. 6)", "truncated_is": "HTS, truncated IS",
+               "none": "HTS, no correction"}
+
+
+def hts_a1_records() -> dict[tuple[str, float], dict]:
+    return {(r["arm"], r["lr"]): r for r in (json.loads(p.read_text())
+                                             for p in sorted((RESULTS / "hts_table_a1").glob("*_lr*.json")))}
+
+
+@table
+def hts_table_a1() -> list[str]:
+    """Per learning rate and arm: the mean evaluation return over training (per seed mean ± SD), the final return,
+    and the paired difference of Eq. 6 minus the arm (seeds shared) with its 95 % bootstrap interval."""
+    records = hts_a1_records()
+    rows = []
+    for lr in sorted({lr for _, lr in records}):
+        eq6 = records.get(("eq6", lr))
+        for arm, label in HTS_A1_ARMS.items():
+            r = records.get((arm, lr))
+            if r is None:
+                continue
+            diff = "-" if arm == "eq6" or eq6 is None else _paired_diff(eq6["auc"], r["auc"])
+            rows.append([f"{lr:g}", label, f"**{mean_sd(r['auc'], 1)}**", mean_sd(r["final"], 1), diff,
+                         num(r["wall_s"])])
+    n = next(iter(records.values()))["seeds"] if records else 0
+    return md(["lr", f"arm (n = {n} seeds)", "mean eval return over training ± SD", "final return ± SD",
+               "Eq. 6 − arm, mean over training, paired [95 % CI]", "wall s"], rows)
+
+
+# --- PBT vs random search vs defaults (issue 27, fast-PBT R2) ------------------------------------------------
+PBT_RS_ARMS = {"pbt": "PBT", "random": "random search", "defaults": "best of 8 defaults"}
+
+
+def pbt_rs_table(env: str) -> list[str]:
+    """Per seed and arm: the best member's final return and its R2 normalisation against the random policy and the
+    same seed's best default member; IQM over seeds per arm; PBT − random search paired by seed."""
+    folder = RESULTS / f"pbt_random_search_{env}"
+    low = load(folder / "random_policy.json")["return"]
+    records = {(r["arm"], r["seed"]): r for r in (json.loads(p.read_text()) for p in sorted(folder.glob("*_s*.json")))}
+    seed_ids = sorted({s for a, s in records if all((arm, s) in records for arm in PBT_RS_ARMS)})
+    raw = {arm: np.array([records[(arm, s)]["final_best"] for s in seed_ids]) for arm in PBT_RS_ARMS}
+    norm = {arm: stats.normalize(raw[arm], low, raw["defaults"]) for arm in PBT_RS_ARMS}
+    rows = []
+    for arm, label in PBT_RS_ARMS.items():
+        summary = stats.seed_summary(norm[arm])
+        iqm = (f"{summary['iqm']:.2f} [{summary['ci'][0]:.2f}, {summary['ci'][1]:.2f}]" if "iqm" in summary
+               else f"n<{stats.MIN_BOOTSTRAP_SEEDS}")
+        rows.append([label, *(f"{r:.1f} ({v:.2f})" for r, v in zip(raw[arm], norm[arm], strict=True)),
+                     mean_sd(raw[arm], 1), iqm])
+    lines = md(["arm", *(f"seed {s}: best final (normalised)" for s in seed_ids), "best final, mean ± SD",
+                "normalised IQM [95 % CI]"], rows)
+    for a, b in (("pbt", "random"), ("pbt", "defaults"), ("random", "defaults")):
+        wins = int(np.sum(raw[a] > raw[b]))
+        paired = (_paired_diff(raw[a], raw[b]) if len(seed_ids) >= stats.MIN_BOOTSTRAP_SEEDS
+                  else f"per seed {seeds(raw[a] - raw[b], 1)}")
+        lines += ["", f"{PBT_RS_ARMS[a]} − {PBT_RS_ARMS[b]}, best final return paired by seed: {paired} "
+                  f"(better on {wins} of {len(seed_ids)} seeds)."]
+    return lines + ["", f"Random-policy return (the normaliser's low end, 100 episodes): {low:.1f}."]
+
+
+@table
+def pbt_random_search_pendulum() -> list[str]:
+    return pbt_rs_table("pendulum")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a table differs")

@@ -212,3 +212,16 @@ def test_the_accelerator_preset_runs_the_update_study_and_names_the_device(tmp_p
     assert {(r["learner"], r["impl"]) for r in rows} == {(learner, impl) for learner in ("td3", "sac")
                                                           for impl in ("vmap", "torch_vmap")}
     assert all(r["pop"] == 2 and r["torch_best"] == "torch_vmap" for r in rows)
+    # both ceilings of the dominant layer at that N: XLA's batched dot and PyTorch's bmm (1 thread, as timed)
+    torch_layers = payload["ceilings"]["torch_layers"]
+    assert [(c["pop"], c["batch"], c["width"], c["threads"]) for c in torch_layers] == [(2, 4, 8, 1)] * 2  # per learner
+    measured = {c["gflops"] for c in torch_layers}
+    assert all(r["torch_layer_gflops"] in measured and r["layer_gflops"] > 0 for r in rows if r["impl"] == "vmap")
+
+
+def test_torch_layer_ceiling_counts_the_bmm_flops():
+    from types import SimpleNamespace
+
+    row = update.torch_layer_gflops(3, 4, 5, 1, SimpleNamespace(seed=0, repeats=10, min_time=0.0))
+    assert row["timing"]["repeats"] >= 10
+    assert row["gflops"] == pytest.approx(2 * 3 * 4 * 5 * 5 / row["timing"]["median_s"] / 1e9)

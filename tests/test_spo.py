@@ -395,3 +395,24 @@ def test_spo_dqn_solves_the_chain_probe(tmp_path):
                        learner_config={"hidden": [32, 32], "replicas": 2, "local_steps": 5}, progress=False,
                        out_dir=tmp_path)
     assert min(run.summary["final_returns"]) == 1.0
+
+
+# --- the replica spread logged before each average (local SGD's divergence shows there) -------------------------
+def test_replica_spread_is_the_relative_rms_drift_from_the_replica_mean():
+    tree = {"w": jnp.array([[1.0, 3.0], [3.0, 5.0]]), "count": jnp.array([2, 2])}  # 2 replicas; ints ignored
+    # mean [2, 4]; deviations ±1 everywhere: drift = (4 * 1) / 2 replicas = 2; size = 2^2 + 4^2 = 20
+    assert float(spo.replica_spread(tree)) == pytest.approx(np.sqrt(2 / 20))
+    assert float(spo.replica_spread({"w": jnp.ones((3, 4))})) == 0.0
+
+
+def test_spo_rounds_log_the_spread_of_the_replicas_before_they_are_averaged():
+    c = make("spo_td3", replicas=2, local_steps=3, target_rounds=2)
+    hp = c.hparams
+    state = c.learner.init(jax.random.key(0), hp)
+    keys, batches = step_keys(3), batches_of(c.spec, 3)
+    new, metrics = c.chunk(keys, state, batches, hp)
+    assert float(metrics["critic_spread"]) > 1e-4 and float(metrics["actor_spread"]) > 1e-4
+    assert float(spo.replica_spread(new.critic)) == 0.0  # averaged afterwards
+    dp = make("spo_dqn", replicas=2, local_steps=3, target_rounds=2, mode="dp")
+    _, dp_metrics = dp.chunk(keys, dp.learner.init(jax.random.key(0), dp.hparams), batches_of(dp.spec, 3), dp.hparams)
+    assert float(dp_metrics["replica_spread"]) == 0.0  # data-parallel replicas never drift

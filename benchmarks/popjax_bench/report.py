@@ -232,6 +232,27 @@ def _layer_ceiling(t, data) -> Judged:
     return Judged(text + (f"; {', '.join(missing)} not measured" if missing else ""), verdict, _runs(pairs))
 
 
+def _vectorized_vs_seq(t, data) -> Judged:
+    """Every vectorized row against the JAX-sequential loop at its N, on every machine a run was taken on: the
+    slowest ratio, where it was, and the machine's dense-matmul peak beside it."""
+    pairs = _rows(data, t, "update", lambda r, p: r["learner"] in t["learners"] and r.get("devices", 1) == 1
+                  and r["impl"] == t["impl"] and r.get("speedup_vs_jax_seq") is not None)
+    if not pairs:
+        return Judged(f"not measured (no {t['impl']} and jax_seq rows)", None)
+    worst = {}
+    for r, p in pairs:
+        peak = peak_gflops(p)
+        key = (r["learner"], round(peak) if peak else None)
+        if key not in worst or r["speedup_vs_jax_seq"] < worst[key][0]["speedup_vs_jax_seq"]:
+            worst[key] = (r, peak)
+    text = "; ".join(f"{learner.upper()}"
+                     + (f" (peak {peak:.0f} GFLOP/s)" if peak else "")
+                     + f": slowest {r['speedup_vs_jax_seq']:.2f}× at N={r['pop']}"
+                     for (learner, _), (r, peak) in sorted(worst.items(), key=lambda kv: str(kv[0])))
+    verdict = min(r["speedup_vs_jax_seq"] for r, _ in worst.values()) >= t["min_ratio"]
+    return Judged(text, verdict, _runs(pairs))
+
+
 def _train_overlap(t, data) -> Judged:
     pairs = _rows(data, t, "train", lambda r, p: r["env"] == t["env"] and r["pop"] == t["pop"]
                   and r.get("devices", 1) == 1
@@ -276,6 +297,7 @@ def _memory_fit(t, data) -> Judged:
 TARGET_KINDS: dict[str, Callable[[dict[str, Any], dict[str, list[dict[str, Any]]]], Judged]] = {
     "speedup_vs_torch": _speedup_vs_torch,
     "layer_ceiling": _layer_ceiling,
+    "vectorized_vs_seq": _vectorized_vs_seq,
     "train_overlap": _train_overlap,
     "compile_time": _compile_time,
     "memory_fit": _memory_fit,
@@ -416,9 +438,13 @@ def _torch_table(rows: list[dict[str, Any]]) -> list[str]:
             cell = "—" if r is None else f"{r['ms_per_pop_step']:.3f} ({r.get('torch_threads')} thr" + (
                 f", compile {r['compile_s']:.0f} s)" if r.get("compile_s") is not None else ")")
             cells.append(f"**{cell}**" if v == fastest else cell)
-        table.append([n, *cells, fastest])
-    return ["PyTorch variants, ms per population step (fastest thread count; compile: the first two calls):", "",
-            *_table(["N", *variants, "fastest"], table)]
+        ceilings = [_f(max((r[key] for r in rows if r["pop"] == n and r.get(key)), default=None), 0)
+                    for key in ("layer_gflops", "torch_layer_gflops")]
+        table.append([n, *cells, fastest, " / ".join(ceilings)])
+    return ["PyTorch variants, ms per population step (fastest thread count; compile: the first two calls); the last "
+            "column is the N×[B,h]@[h,h] ceiling measured in XLA (the popjax rows' batched dot) and in PyTorch "
+            "(`torch.bmm`), GFLOP/s:", "",
+            *_table(["N", *variants, "fastest", "layer ceiling XLA / PyTorch"], table)]
 
 
 def _processes_table(rows: list[dict[str, Any]], popjax: Callable[[dict[str, Any]], str]) -> list[str]:

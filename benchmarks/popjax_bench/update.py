@@ -423,6 +423,25 @@ def prepare_torch_seq(p: Problem, pop: int, opts, threads: int | None = None) ->
     return entry | {"compile": None, "memory": mem.result(), "torch_device": dev, "torch_threads": threads}
 
 
+def torch_layer_gflops(pop: int, batch: int, width: int, threads: int, opts) -> dict[str, Any]:
+    """PyTorch's ceiling for the same dominant layer as ``common.layer_gflops``: ``torch.bmm`` of ``pop``
+    independent ``[batch, width] @ [width, width]`` products with ``threads`` threads (the GEMM library the
+    PyTorch variants run on, against XLA's batched dot)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(opts.seed + pop)
+    a = torch.randn(pop, batch, width, generator=generator)
+    b = torch.randn(pop, width, width, generator=generator)
+
+    def call():
+        torch.set_num_threads(threads)
+        return torch.bmm(a, b)
+
+    timing = common.time_calls(call, warmup=2, min_repeats=opts.repeats, min_time=opts.min_time, sync=lambda _: None)
+    return {"pop": pop, "batch": batch, "width": width, "threads": threads,
+            "gflops": 2.0 * pop * batch * width * width / timing["median_s"] / 1e9, "timing": timing}
+
+
 _TORCH_FUNCTIONS: dict[Problem, Any] = {}
 
 
@@ -992,8 +1011,9 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
         "torch_vmap_compile = that under torch.compile; torch_best = the fastest of the PyTorch variants at each "
         "N; jax_seq = jitted single-member update called member after member, K=1",
         "ceilings": "dense matmul peak (2048² f32) before and after the study; N×[B,h]@[h,h] (B = batch, h = the "
-        "widest hidden layer) measured just before each TD3/SAC point; DQN has none (its dominant work is the "
-        "convolutions)",
+        "widest hidden layer) measured just before each TD3/SAC point, in XLA (the update's batched dot) and, where "
+        "PyTorch variants run, in PyTorch (torch.bmm, the faster of the thread counts); DQN has none (its dominant "
+        "work is the convolutions)",
     }
     json_path, png_path = common.output_paths(o.out_dir, STUDY)
 
@@ -1053,9 +1073,14 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
             if not prepared:
                 continue
             layer = {}  # the dominant layer's ceiling at this N, measured just before the point
+            torch_layer = None  # the same layer in PyTorch (torch.bmm), the fastest thread count
             if p.learner in ("td3", "sac"):
                 for d in dict.fromkeys(d for impl, d, _, _ in prepared if impl.startswith("vmap")):
                     layer[d] = sitting.layer(pop, p.batch_size, max(p.config.hidden), d)
+                for threads in dict.fromkeys(t for impl, _, t, _ in prepared if impl.startswith("torch")):
+                    row = torch_layer_gflops(pop, p.batch_size, max(p.config.hidden), threads, o)
+                    sitting.ceilings.setdefault("torch_layers", []).append(row)
+                    torch_layer = max(torch_layer or 0.0, row["gflops"])
             start = time.perf_counter()
             outs = measure([entry for *_, entry in prepared], o)
             spent = time.perf_counter() - start
@@ -1075,6 +1100,8 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
                 )
             for d in devices:
                 add_throughput([r for r in point if r["devices"] == d], peak, layer.get(d))
+            for r in point:
+                r["torch_layer_gflops"] = torch_layer
             log(f"  {p.learner} N={pop}: {len(prepared)} implementations timed interleaved in {spent:.0f}s")
             add_ratios(results)
             write(plot=False)  # partial results survive an interrupted run

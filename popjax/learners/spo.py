@@ -123,6 +123,16 @@ def replica_mean(tree: PyTree) -> PyTree:
     return jax.tree.map(mean, tree)
 
 
+def replica_spread(params: PyTree) -> jax.Array:
+    """How far the replicas drifted apart: the RMS over weights of ``x_r - mean_R(x)`` over the RMS of
+    ``mean_R(x)`` (0 when the replicas agree; logged before each average, where local SGD's divergence shows)."""
+    leaves = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+    centre = [x.mean(axis=0, keepdims=True) for x in leaves]
+    drift = sum(jnp.sum((x - c) ** 2) / x.shape[0] for x, c in zip(leaves, centre, strict=True))
+    size = sum(jnp.sum(c**2) for c in centre)
+    return jnp.sqrt(drift / jnp.maximum(size, jnp.finfo(jnp.float32).tiny))
+
+
 def sync(params: PyTree, opt: PyTree, config: SPOConfig) -> tuple[PyTree, PyTree]:
     """The round-end averaging of params and optimizer state (``opt_state``); ``dp`` has nothing to average."""
     if config.mode == "dp":
@@ -224,6 +234,7 @@ def make_spo_dqn(config: SPODQNConfig, spec: EnvSpec) -> Learner:
             return (params, opt), {"loss": loss, "q_mean": q.mean(), "td_abs": jnp.abs(q - y)}
 
         (params, opt), metrics, td_abs = local_steps(step, (state.params, state.opt), keys, batches, r, weights)
+        metrics["replica_spread"] = replica_spread(params)
         params, opt = sync(params, opt, config)
         steps = state.steps + config.local_steps
         target = select(is_copy_round(steps, config), first(params), state.target_params)
@@ -313,6 +324,7 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
             carry = (state.actor, state.critic, state.actor_opt, state.critic_opt)
             (actor, critic, actor_opt, critic_opt), metrics, td_abs = local_steps(step, carry, keys, batches, r,
                                                                                   weights)
+            metrics["critic_spread"] = replica_spread(critic)
             critic, critic_opt = sync(critic, critic_opt, config)
         else:
             def c_step(carry, key, batch, w=None):
@@ -321,6 +333,7 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
 
             (critic, critic_opt), m_critic, td_abs = local_steps(c_step, (state.critic, state.critic_opt), keys,
                                                                  batches, r, weights)
+            m_critic["critic_spread"] = replica_spread(critic)
             critic, critic_opt = sync(critic, critic_opt, config)
             averaged_critic = first(critic)
 
@@ -331,6 +344,7 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
 
             (actor, actor_opt), m_actor, _ = local_steps(a_step, (state.actor, state.actor_opt), keys, batches, r)
             metrics = {**m_critic, **m_actor}
+        metrics["actor_spread"] = replica_spread(actor)
         actor, actor_opt = sync(actor, actor_opt, config)
         steps = state.steps + config.local_steps
         copy = is_copy_round(steps, config)

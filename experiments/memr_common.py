@@ -1,0 +1,139 @@
+"""MEMR vs SAC, shared by ``memr_pendulum.py`` and ``memr_hopper.py``: SAC vs MEMR (prioritized start states) vs
+MEMR (uniform start states), the seeds of each arm trained as ONE population.
+
+All arms run with ``seed=0``, so member m of every arm starts from the same keys: the arms are paired by member and
+compared with paired bootstrap intervals (``popjax.stats.paired_ci``). Arms:
+
+- ``sac``: SAC on real transitions (uniform replay), one update per env step;
+- ``memr``: ``memr_sac`` with ``buffer: prioritized`` (alpha 0.6, the thesis's best; beta 0.4), one policy
+  update per env step (G = 1), M = ``batch_size`` one-step rollouts per env step;
+- ``memr_uniform``: the ablation, uniform start states, the same number of policy updates and rollouts.
+
+``rollout_len`` env steps then as many updates per iteration. The thesis's claim (Ch. 3): MEMR
+matches SAC's return per env step (with fewer policy updates than MBPO; here G = 1 = SAC's ratio, so policy
+updates per env step are equal by construction and the policy-update axis is the env-step axis scaled) and
+prioritized start states beat uniform ones. Scores per seed: the mean of the last 3 evaluations (final) and the
+mean over all evaluations after warm-up (area under the curve). Writes
+experiments/results/memr_<name>/results.json (per seed curves) and experiments/plots/memr_<name>.png (``--steps``
+other than the setting's default: ``results_<k>k.json``, ``memr_<name>_<k>k.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from sweep_common import member_rows, plot_curves, run_sweep
+
+import popjax
+from popjax import stats
+from popjax.plots import save_figure
+
+HERE = Path(__file__).parent
+ARMS = {"sac": ("sac", "uniform", {"start_states": None}),
+        "memr": ("memr_sac", "prioritized", {"start_states": "prioritized"}),
+        "memr_uniform": ("memr_sac", "uniform", {"start_states": "uniform"})}
+LABELS = {"sac": "SAC", "memr": "MEMR (prioritized start states)", "memr_uniform": "MEMR (uniform start states)"}
+COLORS = {"sac": "C0", "memr": "C1", "memr_uniform": "C2"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment's experiment: what differs between the Pendulum and the Hopper runs."""
+
+    name: str  # results/memr_<name>/, plots/memr_<name>.png
+    env: str
+    steps: int  # the default env steps per seed
+    warmup: int
+    eval_interval: int
+    eval_episodes: int
+    batch: int  # SAC's batch = MEMR's start states M per env step = its SAC batch from a model segment
+    hidden: list[int]
+    rollout_len: int  # env steps then as many updates per iteration (a multiple of model_update_every)
+    hparams: dict
+    memr: dict = field(default_factory=dict)  # memr_sac's model and pi_psi options
+
+
+def run_config(setting: Setting, name: str, steps: int, seeds: int, out: Path) -> dict:
+    learner, buffer, arm = ARMS[name]
+    learner_config = {"hidden": setting.hidden}
+    if arm["start_states"] is not None:
+        learner_config.update(setting.memr, start_states=arm["start_states"], sac_batch=setting.batch)
+    started = time.time()
+    run = popjax.train(
+        learner=learner, env=setting.env, driver="independent", pop_size=seeds, seed=0, preset="none",
+        total_env_steps=steps, warmup_steps=setting.warmup, rollout_len=setting.rollout_len, update_ratio=1.0,
+        batch_size=setting.batch, buffer_size=steps, buffer=buffer, per_alpha=0.6, per_beta=0.4,
+        eval_interval=setting.eval_interval, eval_episodes=setting.eval_episodes, checkpoint_interval=0,
+        progress=False, hparams=setting.hparams, learner_config=learner_config, out_dir=out)
+    s = run.summary
+    policy_per_update = s["counts"]["policy_updates"] / max(s["updates"], 1)
+    curves = [[[int(r["env_steps"]), float(r["eval_return"]), int(r["updates"]) * policy_per_update] for r in rows]
+              for rows in member_rows(out, seeds)]
+    return {"config": name, "env": setting.env, "learner": learner, "buffer": buffer,
+            "learner_config": learner_config, "hparams": setting.hparams, "warmup": setting.warmup,
+            "curves": curves, "counts": s["counts"], "final_returns": s["final_returns"], "updates": s["updates"],
+            "wall_s": s["wall_s"], "compile_s": s["compile_s"], "total_s": time.time() - started, "out": str(out)}
+
+
+def scores(run: dict, warmup: int) -> dict[str, np.ndarray]:
+    c = np.asarray(run["curves"], dtype=float)  # [seeds, evals, (env steps, return, policy updates)]
+    trained = c[:, :, 0] > warmup
+    return {"final": c[:, -3:, 1].mean(axis=1),
+            "auc": np.array([c[m, trained[m], 1].mean() for m in range(len(c))])}
+
+
+def summarize(results: list[dict], warmup: int) -> dict:
+    by = {r["config"]: r for r in results}
+    table = {name: {**{k: v.tolist() for k, v in scores(r, warmup).items()},
+                    **{f"{k}_mean": float(v.mean()) for k, v in scores(r, warmup).items()},
+                    "counts": r["counts"], "wall_s": r["wall_s"], "total_s": r["total_s"]}
+             for name, r in by.items()}
+    comparisons = {}
+    for a, b in (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform")):
+        if a in by and b in by:
+            comparisons[f"{a} - {b}"] = {}
+            for score in ("final", "auc"):
+                ci = stats.paired_ci(scores(by[a], warmup)[score], scores(by[b], warmup)[score],
+                                     kind="difference", stat="mean")
+                comparisons[f"{a} - {b}"][score] = {"difference": float(ci.point), "low": float(ci.low),
+                                                    "high": float(ci.high), "level": ci.level}
+    return {"configs": table, "paired_differences": comparisons}
+
+
+def plot(setting: Setting, results: list[dict], path: Path, steps: int) -> None:
+    import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    for r in results:
+        label = f"{LABELS[r['config']]}, mean of {len(r['curves'])} seeds"
+        plot_curves(axes[0], [[row[:2] for row in c] for c in r["curves"]], COLORS[r["config"]], label)
+        plot_curves(axes[1], [[[row[2], row[1]] for row in c] for c in r["curves"]], COLORS[r["config"]], label)
+    axes[0].set_xlabel("env steps per seed")
+    axes[1].set_xlabel("SAC policy updates per seed")
+    for ax in axes:
+        ax.set_ylabel(f"eval return ({setting.eval_episodes} deterministic episodes)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"MEMR vs SAC on {setting.env}, {steps} env steps per seed", fontsize=10)
+    save_figure(fig, path)
+
+
+def main(setting: Setting, doc: str) -> None:
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--configs", default="sac,memr,memr_uniform", help="comma-separated; done arms are skipped")
+    parser.add_argument("--steps", type=int, default=setting.steps, help="env steps per seed")
+    parser.add_argument("--seeds", type=int, default=5, help="members (seeds) of each arm's population")
+    parser.add_argument("--out", default=f"runs/memr_{setting.name}")
+    args = parser.parse_args()
+    suffix = "" if args.steps == setting.steps else f"_{args.steps // 1000}k"
+    results_path = HERE / "results" / f"memr_{setting.name}" / f"results{suffix}.json"
+    data = run_sweep(results_path, args.steps, args.configs.split(","), lambda runs: {r["config"] for r in runs},
+                     lambda name: run_config(setting, name, args.steps, args.seeds, Path(args.out + suffix) / name),
+                     lambda runs: summarize(runs, setting.warmup))
+    plot(setting, data["runs"], HERE / "plots" / f"memr_{setting.name}{suffix}.png", args.steps)
+    print(json.dumps(data["summary"], indent=1))
