@@ -58,7 +58,7 @@ RESULTS := benchmarks/results
 bench: $(STAMP)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==2.13.0+cpu" || \
 		echo "make bench: no PyTorch CPU wheel; the PyTorch-sequential baseline will be reported as skipped"
-	$(BENCH) update --learner td3,sac --pop 1,4,16,64 --max-seconds 150 --memory-fit $(QUIET)
+	$(BENCH) update --learner td3,sac --pop 1,4,16,64 --max-seconds 200 --memory-fit $(QUIET)
 	$(BENCH) update --learner dqn --pop 1,4,8 --max-seconds 60 --memory-fit $(QUIET) --out $(RESULTS)/update_dqn.json
 	$(BENCH) update --learner td3 --impl vmap,vmap_scan --pop 4,16 --devices 1,2 $(QUIET) \
 		--out $(RESULTS)/update_devices.json
