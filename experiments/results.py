@@ -767,6 +767,33 @@ def pbt_random_search_pendulum() -> list[str]:
     return pbt_rs_table("pendulum")
 
 
+
+# --- SPO: does naive local SGD diverge? (issue 27) -----------------------------------------------------------
+def spo_divergence_records() -> dict[str, dict]:
+    return {r["config"]: r for r in (json.loads(p.read_text())
+                                     for p in sorted((RESULTS / "spo_divergence").glob("*.json")))}
+
+
+@table
+def spo_divergence() -> list[str]:
+    """Per (H, opt_state, variant): final return, seeds that diverged, the replicas' mean spread before each average
+    (critic, actor), and naive − two-phase in final return paired by seed."""
+    records = spo_divergence_records()
+    rows = []
+    for name, r in sorted(records.items(), key=lambda kv: (kv[1]["learner_config"]["local_steps"],
+                                                            kv[1]["learner_config"]["opt_state"], kv[0])):
+        c = r["learner_config"]
+        spread = np.asarray([s for m in r["spreads"] for s in m], dtype=float)
+        twin = records.get(name.replace("naive", "two_phase"))
+        paired = "-" if name.startswith("two_phase") or twin is None else _paired_diff(r["final"], twin["final"])
+        rows.append([c["local_steps"], c["opt_state"], "naive" if c["naive"] else "two-phase",
+                     f"**{mean_sd(r['final'])}**", f"{sum(r['diverged'])} / {len(r['diverged'])}",
+                     f"{np.nanmean(spread[:, 1]):.3g}", f"{np.nanmean(spread[:, 2]):.3g}", paired, num(r["total_s"])])
+    n = next(iter(records.values()))["seeds"] if records else 0
+    return md(["H", "opt_state", f"variant (n = {n})", "final return ± SD", "diverged", "critic spread",
+               "actor spread", "naive − two-phase, final, paired [95 % CI]", "wall s"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a table differs")
