@@ -409,6 +409,10 @@ def test_the_targets_file_drives_the_report_verdicts(tmp_path):
     update_rows = [best(vec("td3", 4, 9.0), 2.5), best(vec("td3", 16, 9.0, 0.95), 2.2),
                    best(vec("td3", 64, 9.0, 0.93), 2.1),
                    vec("sac", 4, 2.6), vec("sac", 16, 2.4, 0.91), vec("sac", 64, 1.9, 0.92)]
+    # one-step rows against the JAX-sequential loop: SAC's is slower at N = 16 (the target "never slower")
+    update_rows += [{"learner": learner, "impl": "vmap", "pop": pop, "devices": 1, "ms_per_pop_step": 12.0,
+                     "speedup_vs_jax_seq": ratio} for learner, pop, ratio in (("td3", 16, 1.2), ("sac", 4, 1.1),
+                                                                              ("sac", 16, 0.9))]
     fit = {"td3": {"k": 50, "largest_pop": 2400, "program_bytes": 22 * 2**30, "limit_bytes": 23 * 2**30,
                    "limit_source": "available RAM", "tried": []},
            "sac": {"k": 50, "largest_pop": 2000, "program_bytes": 22 * 2**30, "limit_bytes": 23 * 2**30,
@@ -428,8 +432,9 @@ def test_the_targets_file_drives_the_report_verdicts(tmp_path):
     (tmp_path / "targets.yaml").write_text(targets)
     text = report.write_report(tmp_path, tmp_path / "RESULTS.md").read_text()
     verdicts = _verdicts(text)
-    assert list(verdicts.values()) == ["**met**", "**missed**", "**met**", "not measured", "**busy** — not judged",
-                                       "**met**"], verdicts
+    assert list(verdicts.values()) == ["**met**", "**missed**", "**met**", "**missed**", "not measured",
+                                       "**busy** — not judged", "**met**"], verdicts
+    assert "SAC (peak 440 GFLOP/s): slowest 0.90× at N=16; TD3 (peak 440 GFLOP/s): slowest 1.20× at N=16" in text
     assert ("N=4: 2.50× vs torch_vmap_compile, N=16: 2.20× vs torch_vmap_compile, N=64: 2.10× vs "
             "torch_vmap_compile") in text and "TD3: N = 2,400" in text
     assert "N=4: 2.60× vs torch_seq, N=16: 2.40× vs torch_seq, N=64: 1.90× vs torch_seq" in text
@@ -443,7 +448,7 @@ def test_the_targets_file_drives_the_report_verdicts(tmp_path):
         {"env": "gym:HalfCheetah-v5", "pop": 4, "devices": 1, "overlap": True, "env_steps_per_s_steady": 1260.0}]
     (tmp_path / "train.json").write_text(json.dumps(results["train"]))
     verdicts = _verdicts(report.write_report(tmp_path, tmp_path / "RESULTS.md").read_text())
-    assert list(verdicts.values())[:4] == ["**missed**", "**missed**", "**met**", "**met**"], verdicts
+    assert list(verdicts.values())[:5] == ["**missed**", "**missed**", "**met**", "**missed**", "**met**"], verdicts
 
 
 def test_report_replaces_its_own_results_file(tmp_path):
