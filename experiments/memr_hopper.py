@@ -4,7 +4,7 @@
         [--steps 60000] [--seeds 5] [--out runs/memr_hopper]
 
 The host-stepped MuJoCo path: the 5 members' envs are stepped by gymnasium, the SAC update, the model fits and the
-model rollouts run in one compiled call per iteration. Sized for a 2-core CPU (the three arms in about an hour):
+model rollouts run in one compiled call per iteration. Sized for a 2-core CPU (the three arms in about 70 min):
 hidden (128, 128), batch 128, lr 3e-4 (SAC's MuJoCo default), 2k random warm-up steps, an evaluation of 3 episodes
 every 2k env steps, 250 env steps then 250 updates per iteration; MEMR: 5 models of (128, 128) fitted with 2 passes
 every 250 env steps (MBPO's interval), pi_psi (64, 64) with 2 Adam steps per rollout batch, 100 segments. The arms,

@@ -79,6 +79,17 @@ def at_or_before(curve: Sequence[Sequence[float]], x: float) -> float:
     return [v for s, v in curve if s <= x][-1]
 
 
+
+@table
+def scoreboard() -> list[str]:
+    """Every seed-paper claim with its verdict and where its numbers are (``results/scoreboard.json``)."""
+    rows = []
+    for c in load("scoreboard.json")["claims"]:
+        where = ", ".join(f"[{x['title']}](#{x['anchor']})" if x["anchor"] else x["title"] for x in c["sections"])
+        verdict = f"**{c['verdict']}**" + (f": {c['detail']}" if c["detail"] else "")
+        rows.append([c["paper"], c["claim"], verdict, where or "—"])
+    return md(["paper", "claim", "verdict", "section"], rows)
+
 # --- speed -------------------------------------------------------------------------------------------------
 
 @table
