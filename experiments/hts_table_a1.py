@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sweep_common import member_rows, plot_curves
+from sweep_common import member_rows, plot_curves, saved_or_run
 
 import popjax
 from popjax.plots import save_figure
@@ -95,10 +95,8 @@ def main() -> None:
     records = []
     for lr in (float(x) for x in args.lrs.split(",")):
         for arm in args.arms.split(","):
-            path = result_path(arm, lr)
-            done = json.loads(path.read_text()) if path.exists() else None
-            fits = done is not None and done["steps"] == args.steps and done["seeds"] == args.seeds
-            records.append(done if fits else run(arm, lr, args))
+            records.append(saved_or_run(result_path(arm, lr), {"steps": args.steps, "seeds": args.seeds},
+                                        lambda arm=arm, lr=lr: run(arm, lr, args)))
     plot(records, HERE / "plots" / "hts_table_a1.png")
 
 

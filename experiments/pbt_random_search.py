@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from rlx2_pendulum import random_return
-from sweep_common import member_rows
+from sweep_common import member_rows, saved_or_run
 
 import popjax
 from popjax.plots import save_figure
@@ -115,10 +115,9 @@ def main() -> None:
     records = []
     for seed in (int(s) for s in args.seeds.split(",")):
         for arm in args.arms.split(","):
-            path = results_dir(args.env) / f"{arm}_s{seed}.json"
-            done = json.loads(path.read_text()) if path.exists() else None
-            fits = done is not None and (done["steps"], done["interval"]) == (args.steps, args.interval)
-            records.append(done if fits else run(arm, seed, args))
+            records.append(saved_or_run(results_dir(args.env) / f"{arm}_s{seed}.json",
+                                        {"steps": args.steps, "interval": args.interval},
+                                        lambda arm=arm, seed=seed: run(arm, seed, args)))
     print(plot(records, args.env))
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 from spo_pendulum import NON_FINITE, to_float
-from sweep_common import member_rows, plot_curves
+from sweep_common import member_rows, plot_curves, saved_or_run
 
 import popjax
 from popjax.plots import save_figure
@@ -115,10 +115,8 @@ def main() -> None:
     args = parser.parse_args()
     records = []
     for name in args.configs.split(","):
-        path = RESULTS / f"{name}.json"
-        done = json.loads(path.read_text()) if path.exists() else None
-        fits = done is not None and (done["steps"], done["seeds"]) == (args.steps, args.seeds)
-        records.append(done if fits else run(name, args))
+        records.append(saved_or_run(RESULTS / f"{name}.json", {"steps": args.steps, "seeds": args.seeds},
+                                    lambda name=name: run(name, args)))
     plot(records, HERE / "plots" / "spo_divergence.png")
 
 

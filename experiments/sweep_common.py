@@ -38,6 +38,15 @@ def run_sweep(results_path: Path, steps: int, names: list[str], done: Callable[[
     return data
 
 
+def saved_or_run(path: Path, settings: dict, run: Callable[[], dict]) -> dict:
+    """The record saved at ``path`` if it was made with ``settings`` (its fields of those names), else ``run()``
+    (which saves its record there): a killed sweep of one-file-per-run scripts goes on where it stopped."""
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if all(saved.get(k) == v for k, v in settings.items()):
+            return saved
+    return run()
+
 def plot_curves(ax, curves, color: str, label: str) -> None:
     """Each seed's curve ([x, return] rows) thin, and their mean over seeds (to the shortest) thick."""
     curves = [np.asarray(c, dtype=float) for c in curves]
