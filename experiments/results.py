@@ -259,6 +259,11 @@ def spo_cartpole_table(summary: dict) -> list[str]:
 
 
 @table
+def spo_cartpole_per() -> list[str]:
+    return spo_cartpole_table(load("spo_cartpole/results_per_10seeds.json")["summary"])
+
+
+@table
 def spo_cartpole_10seeds() -> list[str]:
     summary = load("spo_cartpole/results_10seeds.json")["summary"]
     rows = []

@@ -1,7 +1,7 @@
 """S2: SPO-DQN learning efficiency vs replicas R and local steps H on CartPole.
 
     PYTHONPATH=. .venv/bin/python experiments/spo_cartpole.py [--configs 1x10,2x10,4x10,1x5,...]
-        [--steps 100000] [--seeds 3] [--out runs/spo_cartpole]
+        [--steps 100000] [--seeds 3] [--buffer uniform|prioritized] [--out runs/spo_cartpole]
 
 ``probe:cartpole`` is popjax's pure-JAX port of gymnasium's CartPole-v1 (500-step episodes, max
 return 500): the whole iteration (acting, replay, update) is one jitted call, much faster on a CPU
@@ -13,6 +13,9 @@ are 3 seeds). Global batch B = 256 (each replica b = B/R), hard target copy ever
 different R share the x axis (policy updates). Writes experiments/results/spo_cartpole/results.json
 and experiments/plots/spo_cartpole.png (``--seeds N`` other than 3: ``results_Nseeds.json``,
 ``spo_cartpole_Nseeds.png``); the gate is AUC(R = 2, 4; H = 10) >= 0.85 x AUC(R = 1, H = 10).
+``--buffer prioritized``: the thesis's configuration, SPO-DQN on its banked prioritized replay (replica r samples
+bank r; alpha 0.6, beta 0.4; importance weights in the TD loss), 200 env steps then 100 updates per iteration so
+H = 100 divides them, F = max(1, 150 // H); ``results_per[_Nseeds].json``, ``spo_cartpole_per[_Nseeds].png``.
 """
 
 from __future__ import annotations
@@ -35,22 +38,30 @@ TARGET_PERIOD = 150  # updates between hard target copies (F * H)
 THRESHOLD = 475.0  # "solved" return for updates-to-threshold
 
 
-def run_config(replicas: int, local_steps: int, steps: int, seeds: int, out: Path) -> dict:
-    """One population of ``seeds`` members of SPO-DQN with R replicas and H local steps; per-seed curves vs updates."""
+def target_rounds(local_steps: int) -> int:
+    """F: rounds between hard target copies, F * H = TARGET_PERIOD updates (at least one round)."""
+    return max(1, TARGET_PERIOD // local_steps)
+
+
+def run_config(replicas: int, local_steps: int, steps: int, seeds: int, out: Path, buffer: str = "uniform") -> dict:
+    """One population of ``seeds`` members of SPO-DQN with R replicas and H local steps; per-seed curves vs updates.
+    ``buffer: prioritized`` is the thesis's banked replay (one bank per replica, alpha 0.6, beta 0.4), with 200 env
+    steps then 100 updates per iteration so that H = 100 divides them."""
     started = time.time()
     run = popjax.train(
         learner="spo_dqn", env="probe:cartpole", driver="independent", pop_size=seeds, seed=0,
-        total_env_steps=steps, warmup_steps=1_000, rollout_len=100, update_ratio=0.5, batch_size=B,
-        buffer_size=steps, eval_interval=steps // 50, eval_episodes=10, checkpoint_interval=0, progress=False,
+        total_env_steps=steps, warmup_steps=1_000, rollout_len=100 if buffer == "uniform" else 200, update_ratio=0.5,
+        batch_size=B, buffer_size=steps, buffer=buffer, eval_interval=steps // 50, eval_episodes=10,
+        checkpoint_interval=0, progress=False,
         hparams={"lr": 2.3e-3, "discount": 0.99, "epsilon_end": 0.04, "epsilon_decay_steps": 4_000},
         learner_config={"hidden": [64, 64], "replicas": replicas, "local_steps": local_steps,
-                        "target_rounds": TARGET_PERIOD // local_steps},
+                        "target_rounds": target_rounds(local_steps)},
         out_dir=out)
     curves = [[[int(r["updates"]), float(r["eval_return"])] for r in member] for member in member_rows(out, seeds)]
     s = run.summary
-    return {"replicas": replicas, "local_steps": local_steps, "target_rounds": TARGET_PERIOD // local_steps,
-            "curves": curves, "final_returns": s["final_returns"], "updates": s["updates"], "wall_s": s["wall_s"],
-            "compile_s": s["compile_s"], "total_s": time.time() - started, "out": str(out)}
+    return {"replicas": replicas, "local_steps": local_steps, "target_rounds": target_rounds(local_steps),
+            "buffer": buffer, "curves": curves, "final_returns": s["final_returns"], "updates": s["updates"],
+            "wall_s": s["wall_s"], "compile_s": s["compile_s"], "total_s": time.time() - started, "out": str(out)}
 
 
 def auc(curve: list[list[float]]) -> float:
@@ -110,14 +121,16 @@ def main() -> None:
                         help="comma-separated RxH (replicas x local steps); done configs are skipped")
     parser.add_argument("--steps", type=int, default=100_000, help="env steps per seed")
     parser.add_argument("--seeds", type=int, default=3, help="members (seeds) of each configuration's population")
+    parser.add_argument("--buffer", default="uniform", choices=("uniform", "prioritized"),
+                        help="prioritized: the banked prioritized replay, one bank per replica (results_per_*.json)")
     parser.add_argument("--out", default="runs/spo_cartpole")
     args = parser.parse_args()
-    suffix = "" if args.seeds == 3 else f"_{args.seeds}seeds"
+    suffix = ("" if args.buffer == "uniform" else "_per") + ("" if args.seeds == 3 else f"_{args.seeds}seeds")
     results_path = HERE / "results" / "spo_cartpole" / f"results{suffix}.json"
 
     def run(cfg: str) -> dict:
         replicas, local_steps = (int(x) for x in cfg.split("x"))
-        return run_config(replicas, local_steps, args.steps, args.seeds, Path(args.out + suffix) / cfg)
+        return run_config(replicas, local_steps, args.steps, args.seeds, Path(args.out + suffix) / cfg, args.buffer)
 
     data = run_sweep(results_path, args.steps, args.configs.split(","),
                      lambda runs: {f"{r['replicas']}x{r['local_steps']}" for r in runs}, run, summarize)
