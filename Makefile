@@ -40,7 +40,7 @@ test-processes: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check popjax tests benchmarks experiments
 
-# The fast-PBT speed studies at sizes that fit a 2-core CPU in about 55 minutes (quiet machine: ~37 min of
+# The fast-PBT speed studies at sizes that fit a 2-core CPU in about 70 minutes (quiet machine: ~52 min of
 # measurement, ~8 min of waiting between studies, see below); each writes
 # benchmarks/results/<study>[_variant].json + .png, then RESULTS.md is regenerated from them and judged
 # against benchmarks/targets.yaml. Every study refuses to start when the 1-minute load average exceeds
