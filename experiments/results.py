@@ -18,6 +18,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,11 @@ def table(function: Callable[[], list[str]]) -> Callable[[], list[str]]:
 
 def load(path: Path | str) -> dict:
     return json.loads((RESULTS / path if not Path(path).is_absolute() else Path(path)).read_text())
+
+
+def runs(folder: str | Path, key: Callable[[dict], Any], pattern: str = "*.json") -> dict[Any, dict]:
+    """``key(record) -> record`` of every one-run JSON file in ``folder`` (under results/) matching ``pattern``."""
+    return {key(r): r for r in (json.loads(path.read_text()) for path in sorted((RESULTS / folder).glob(pattern)))}
 
 
 def md(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -673,11 +679,8 @@ PBT_METRICS = {"final_best": "final best member", "best_return": "best member at
 def pbt_strategy_records() -> dict[tuple[str, int], dict]:
     """``(arm, seed) -> record`` of experiments/results/pbt_strategies_pendulum/<arm>_s<seed>.json, with the
     population's mean final return added as ``final_mean``."""
-    records = {}
-    for path in sorted((RESULTS / "pbt_strategies_pendulum").glob("*_s*.json")):
-        r = json.loads(path.read_text())
-        records[(r["arm"], r["seed"])] = r | {"final_mean": float(np.mean(r["final_returns"]))}
-    return records
+    return {key: r | {"final_mean": float(np.mean(r["final_returns"]))}
+            for key, r in runs("pbt_strategies_pendulum", lambda r: (r["arm"], r["seed"]), "*_s*.json").items()}
 
 
 @table
@@ -723,8 +726,7 @@ HTS_A1_ARMS = {"lockstep": "lock-step A2C", "eq6": "HTS, delayed gradient (Eq. 6
 
 
 def hts_a1_records() -> dict[tuple[str, float], dict]:
-    return {(r["arm"], r["lr"]): r for r in (json.loads(p.read_text())
-                                             for p in sorted((RESULTS / "hts_table_a1").glob("*_lr*.json")))}
+    return runs("hts_table_a1", lambda r: (r["arm"], r["lr"]), "*_lr*.json")
 
 
 @table
@@ -754,9 +756,9 @@ PBT_RS_ARMS = {"pbt": "PBT", "random": "random search", "defaults": "best of 8 d
 def pbt_rs_table(env: str) -> list[str]:
     """Per seed and arm: the best member's final return and its R2 normalisation against the random policy and the
     same seed's best default member; IQM over seeds per arm; PBT − random search paired by seed."""
-    folder = RESULTS / f"pbt_random_search_{env}"
-    low = load(folder / "random_policy.json")["return"]
-    records = {(r["arm"], r["seed"]): r for r in (json.loads(p.read_text()) for p in sorted(folder.glob("*_s*.json")))}
+    folder = f"pbt_random_search_{env}"
+    low = load(f"{folder}/random_policy.json")["return"]
+    records = runs(folder, lambda r: (r["arm"], r["seed"]), "*_s*.json")
     seed_ids = sorted({s for a, s in records if all((arm, s) in records for arm in PBT_RS_ARMS)})
     raw = {arm: np.array([records[(arm, s)]["final_best"] for s in seed_ids]) for arm in PBT_RS_ARMS}
     norm = {arm: stats.normalize(raw[arm], low, raw["defaults"]) for arm in PBT_RS_ARMS}
@@ -786,8 +788,7 @@ def pbt_random_search_pendulum() -> list[str]:
 
 # --- SPO: does naive local SGD diverge? (issue 27) -----------------------------------------------------------
 def spo_divergence_records() -> dict[str, dict]:
-    return {r["config"]: r for r in (json.loads(p.read_text())
-                                     for p in sorted((RESULTS / "spo_divergence").glob("*.json")))}
+    return runs("spo_divergence", lambda r: r["config"])
 
 
 @table
