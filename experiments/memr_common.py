@@ -89,8 +89,9 @@ def scores(run: dict, warmup: int) -> dict[str, np.ndarray]:
 
 def summarize(results: list[dict], warmup: int) -> dict:
     by = {r["config"]: r for r in results}
-    table = {name: {**{k: v.tolist() for k, v in scores(r, warmup).items()},
-                    **{f"{k}_mean": float(v.mean()) for k, v in scores(r, warmup).items()},
+    per_arm = {name: scores(r, warmup) for name, r in by.items()}
+    table = {name: {**{k: v.tolist() for k, v in per_arm[name].items()},
+                    **{f"{k}_mean": float(v.mean()) for k, v in per_arm[name].items()},
                     "counts": r["counts"], "wall_s": r["wall_s"], "total_s": r["total_s"]}
              for name, r in by.items()}
     comparisons = {}
@@ -98,8 +99,7 @@ def summarize(results: list[dict], warmup: int) -> dict:
         if a in by and b in by:
             comparisons[f"{a} - {b}"] = {}
             for score in ("final", "auc"):
-                ci = stats.paired_ci(scores(by[a], warmup)[score], scores(by[b], warmup)[score],
-                                     kind="difference", stat="mean")
+                ci = stats.paired_ci(per_arm[a][score], per_arm[b][score], kind="difference", stat="mean")
                 comparisons[f"{a} - {b}"][score] = {"difference": float(ci.point), "low": float(ci.low),
                                                     "high": float(ci.high), "level": ci.level}
     return {"configs": table, "paired_differences": comparisons}
