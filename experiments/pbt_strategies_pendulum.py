@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -57,10 +56,9 @@ def run(arm: str, seed: int, args) -> dict:
     import popjax
 
     out = Path(args.out) / f"{arm}_s{seed}"
-    if out.exists():
-        shutil.rmtree(out)
     start = time.time()
-    result = popjax.train(out_dir=out, **options(arm, seed, args))
+    # overwrite: a previous run of this arm is replaced; popjax removes only the files it wrote there
+    result = popjax.train(out_dir=out, overwrite=True, **options(arm, seed, args))
     s = result.summary
     record = {"arm": arm, "seed": seed, "final_best": max(s["final_returns"]), "best_return": s["best_return"],
               "final_returns": s["final_returns"], "exploits": len(s.get("lineage", [])), "wall_s": s["wall_s"],
