@@ -39,7 +39,7 @@ ARMS = {"pbt": {"driver": "pbt", "pbt": {"quantile": 0.25, "explore": "perturb"}
         "defaults": {"driver": "independent"}}
 COLORS = {"pbt": "C1", "random": "C0", "defaults": "C2"}
 ENVS = {"probe:pendulum": {"hidden": [64, 64], "warmup": 1_000, "eval_interval": 1_000, "eval_episodes": 3},
-        "gym:HalfCheetah-v5": {"hidden": [256, 256], "warmup": 5_000, "eval_interval": 5_000, "eval_episodes": 3}}
+        "gym:HalfCheetah-v5": {"hidden": [64, 64], "warmup": 5_000, "eval_interval": 2_500, "eval_episodes": 3}}
 
 
 def results_dir(env: str) -> Path:

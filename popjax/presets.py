@@ -80,8 +80,11 @@ def apply_preset(options: Mapping[str, Any]) -> dict[str, Any]:
     preset = find_preset(options.get("learner", "td3"), options.get("env", "probe:pendulum"))
     if mode == "none" or preset is None:
         return options
+    sampled = options.get("search_space")
     for name, value in preset.items():
         given = options.get(name)
+        if name == "hparams" and isinstance(sampled, Mapping):  # a sampled hparam is the user's: the preset yields
+            value = {k: v for k, v in value.items() if k not in sampled}
         if name in MERGED and isinstance(given, Mapping):
             options[name] = {**value, **given}
         elif given is None:

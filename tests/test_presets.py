@@ -17,6 +17,13 @@ def test_a_preset_fills_only_what_is_not_given():
     assert "preset" not in resolved
 
 
+def test_a_preset_leaves_the_hparams_the_user_samples():
+    space = {"actor_lr": {"low": 1e-4, "high": 1e-3, "log": True}}
+    resolved = apply_preset({"learner": "td3", "env": "gym:HalfCheetah-v5", "search_space": space})
+    assert resolved["hparams"] == {"critic_lr": 1e-3, "exploration_noise": 0.1}  # the preset's, less actor_lr
+    assert popjax.make_config(**resolved).search_space == space  # no "fixed or sampled" conflict
+
+
 def test_none_unknown_pairs_and_bad_names():
     bare = {"learner": "dqn", "env": "gym:CartPole-v1", "preset": "none"}
     assert apply_preset(bare) == {"learner": "dqn", "env": "gym:CartPole-v1"}
