@@ -9,7 +9,9 @@ arms, each one run per seed (``seed`` s in every arm, so member m of every arm s
 - ``pbt``: the fast-PBT TD3 search space sampled at the start, then every ``--interval`` updates the bottom 25 %
   (2 of 8) copy a top-25 % member and perturb its hparams (x0.8 / x1.2, resampled with probability 0.25);
 - ``random``: random search at equal compute: the independent driver with the same 8 prior draws, no exploit;
-- ``defaults``: 8 members with the default (preset) hparams, the independent driver.
+- ``defaults``: 8 members with the library's default hparams, the independent driver.
+
+No env preset (``preset="none"``): a preset's hparams would be fixed values, which PBT does not draw from its prior.
 
 Per run: the best member's final return (mean of its last 3 evaluations: what tuning delivers), normalised as the
 spec's R2 does: ``(R - R_random_policy) / (R_defaults_best - R_random_policy)`` with the ``defaults`` arm of the
@@ -51,7 +53,7 @@ def options(arm: str, seed: int, args) -> dict:
     arm_options = dict(ARMS[arm])
     if "pbt" in arm_options:
         arm_options["pbt"] = {**arm_options["pbt"], "interval": args.interval, "search_space": SEARCH_SPACES["td3"]}
-    return dict(learner="td3", env=args.env, pop_size=8, seed=seed, total_env_steps=args.steps,
+    return dict(learner="td3", env=args.env, preset="none", pop_size=8, seed=seed, total_env_steps=args.steps,
                 warmup_steps=env["warmup"], eval_interval=env["eval_interval"], eval_episodes=env["eval_episodes"],
                 batch_size=256, buffer_size=args.steps, rollout_len=50, update_ratio=1.0,
                 learner_config={"hidden": env["hidden"]}, checkpoint_interval=0, progress=False, **arm_options)

@@ -510,6 +510,100 @@ def rlx2_hopper() -> list[str]:
                "best evaluation per seed", "every mask exact", "size /", "train FLOPs /"], rows)
 
 
+# --- RLx2's ultimate compression ratio (issue 27) ----------------------------------------------------------------
+UCR_LEVELS = (0.9, 0.98, 0.99, 0.995)
+UCR_TOLERANCE = 0.03  # "performance degradation within 3 % of the dense model"
+
+
+def ucr(scores_by_level: dict[float, float], dense: float) -> float | None:
+    """The largest sparsity whose score is within UCR_TOLERANCE of ``dense`` (None: no level is)."""
+    within = [level for level, score in scores_by_level.items() if score >= dense - UCR_TOLERANCE * abs(dense)]
+    return max(within) if within else None
+
+
+def rlx2_compression_summary(records: dict[str, dict]) -> dict:
+    """Per sparse method and sparsity: the replicas' scores, their mean relative to dense TD3's mean, the UCR on
+    the means and per replica (``experiments/rlx2_compression.py`` prints and plots it)."""
+    dense = [m["score"] for m in records["dense"]["members"]]
+    dense_mean = float(np.mean(dense))
+    out = {"dense_scores": dense, "dense_mean": dense_mean, "methods": {}}
+    for method, record in records.items():
+        if method == "dense":
+            continue
+        by_level = {level: [m["score"] for m in record["members"] if m["sparsity"] == level] for level in UCR_LEVELS}
+        replicas = len(by_level[UCR_LEVELS[0]])
+        out["methods"][method] = {
+            "scores": by_level, "relative": {level: float(np.mean(v)) / dense_mean for level, v in by_level.items()},
+            "ucr": ucr({level: float(np.mean(v)) for level, v in by_level.items()}, dense_mean),
+            "ucr_per_replica": [ucr({level: v[r] for level, v in by_level.items()}, dense_mean)
+                                for r in range(replicas)]}
+    return out
+
+
+def percent(level: float | None) -> str:
+    return "none of the four" if level is None else f"{100 * level:g} %"
+
+
+def rlx2_compression_tables(env: str) -> list[str]:
+    folder = f"rlx2_compression_{env}"
+    records = {m: load(f"{folder}/{m}.json") for m in ("dense", "rlx2", "rigl", "ss")}
+    summary = rlx2_compression_summary(records)
+    dense = summary["dense_scores"]
+    rows = [["dense TD3", "0 %", "1x", seeds(dense), f"**{num(summary['dense_mean'])}**", "1.00", "-", "-"]]
+    for method, row in summary["methods"].items():
+        members = records[method]["members"]
+        for level in UCR_LEVELS:
+            scores = row["scores"][level]
+            member = next(m for m in members if m["sparsity"] == level)
+            vs_ss = ("-" if method == "ss" else
+                     seeds(np.subtract(scores, summary["methods"]["ss"]["scores"][level])))
+            within = ucr({level: float(np.mean(scores))}, summary["dense_mean"]) is not None
+            rows.append([RLX2[method], f"{100 * level:g} %",
+                         f"{num(records[method]['costs']['size_reduction'][member['member']], 1)}x", seeds(scores),
+                         f"**{num(float(np.mean(scores)))}**", num(row["relative"][level], 2),
+                         "yes" if within else "no", vs_ss])
+    lines = md([f"method (n = {len(dense)} replicas)", "sparsity", "size /", "score per replica", "mean",
+                "mean / dense", "within 3 %", "minus SS, per replica"], rows)
+    lines += ["", *md(["method", "UCR (replica means)", "UCR per replica"],
+                      [[RLX2[m], percent(r["ucr"]), ", ".join(percent(u) for u in r["ucr_per_replica"])]
+                       for m, r in summary["methods"].items()])]
+    lines += ["", f"Score: the mean of a member's last 30 evaluations (one deterministic episode every "
+                  f"{records['dense']['schedule']['period']} env steps). Uniform random policy: "
+                  f"{num(load(f'{folder}/random_policy.json')['return'])}."]
+    return lines
+
+
+def rlx2_buffer_rows(env: str) -> list[str]:
+    """RLx2's dynamic buffer and topology schedule per sparsity: shrinks, final replay size, policy distance."""
+    record = load(f"rlx2_compression_{env}/rlx2.json")
+    rows = []
+    for level in UCR_LEVELS:
+        members = [m for m in record["members"] if m["sparsity"] == level]
+        distance = [float(np.nanmean(m["policy_distance"])) for m in members]
+        drops = [m["drop_fraction"] for m in members]
+        rows.append([f"{100 * level:g} %", seeds([m["shrinks"] for m in members]),
+                     seeds([m["final_replay_size"] for m in members]), seeds(distance, 3),
+                     f"{num(drops[0][1][2], 2)} → {num(drops[0][-1][2], 2)}",
+                     f"{num(drops[0][1][1], 2)} → {num(drops[0][-1][1], 2)}"])
+    schedule = record["schedule"]
+    return md(["RLx2 sparsity", "buffer shrinks per replica", "final replay size per replica",
+               "mean policy distance per replica", "critic drop fraction (first → last logged)",
+               "actor drop fraction (first → last logged)"], rows) + [
+        "", f"Capacity B_max = {schedule['buffer_size']}, floor B_min = {schedule['buffer_min']}, a check every "
+            f"{schedule['period']} env steps (threshold D0 = 0.2); the drop fractions are logged at every 10th "
+            f"topology step."]
+
+
+@table
+def rlx2_compression_halfcheetah() -> list[str]:
+    return rlx2_compression_tables("halfcheetah-v5")
+
+
+@table
+def rlx2_buffer_halfcheetah() -> list[str]:
+    return rlx2_buffer_rows("halfcheetah-v5")
+
+
 # --- ReF-ER (issue 24) -----------------------------------------------------------------------------------------
 
 @table
@@ -783,6 +877,11 @@ def pbt_rs_table(env: str) -> list[str]:
 @table
 def pbt_random_search_pendulum() -> list[str]:
     return pbt_rs_table("pendulum")
+
+
+@table
+def pbt_random_search_halfcheetah() -> list[str]:
+    return pbt_rs_table("halfcheetah-v5")
 
 
 

@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -37,13 +38,14 @@ from sweep_common import member_rows, saved_or_run
 import popjax
 from popjax.envs import registry
 from popjax.plots import save_figure
+from results import UCR_LEVELS as SPARSITIES
+from results import UCR_TOLERANCE as TOLERANCE
+from results import rlx2_compression_summary
 
 HERE = Path(__file__).resolve().parent
-SPARSITIES = (0.9, 0.98, 0.99, 0.995)
 HIDDEN = [256, 256]
 ROLLOUT = 50
 LAST_EVALS = 30
-TOLERANCE = 0.03  # "performance degradation within 3 % of the dense model"
 METHODS = {"dense": None, "rlx2": {}, "rigl": {"n_step": 1, "dynamic_buffer": False},
            "ss": {"topology": "static", "n_step": 1, "dynamic_buffer": False}}
 LABELS = {"dense": "dense TD3", "rlx2": "RLx2-TD3", "rigl": "RigL (1-step, fixed buffer)", "ss": "static sparse (SS)"}
@@ -90,16 +92,18 @@ def shrinks(sizes: list[float], added: int, capacity: int) -> int:
     """Checks at which the replay lost rows: its size fell below what the ``added`` rows since the last check
     (capped at ``capacity``) would have made it."""
     sizes = [0.0, *sizes]  # the replay is empty before the first check
-    return int(sum(now < min(before + added, capacity) for before, now in zip(sizes, sizes[1:])))
+    return int(sum(now < min(before + added, capacity) for before, now in pairwise(sizes)))
 
 
 def member_record(rows: list[dict], options_: dict, period: int) -> dict:
     steps = [int(r["env_steps"]) for r in rows]
     returns = column(rows, "eval_return")
-    record = {"curve": [[x, y] for x, y in zip(steps, returns)], "score": float(np.mean(returns[-LAST_EVALS:]))}
+    record = {"curve": [list(p) for p in zip(steps, returns, strict=True)],
+              "score": float(np.mean(returns[-LAST_EVALS:]))}
     drops = {k: column(rows, f"{k}_drop_fraction") for k in ("actor", "critic")}
     if drops["critic"] is not None:
-        record["drop_fraction"] = [[x, a, c] for x, a, c in list(zip(steps, drops["actor"], drops["critic"]))[::10]]
+        rows_ = list(zip(steps, drops["actor"], drops["critic"], strict=True))
+        record["drop_fraction"] = [list(r) for r in rows_[::10]]  # [env steps, actor, critic]
     sizes, distances = column(rows, "replay_size"), column(rows, "policy_distance")
     if sizes is not None:
         record.update(replay_size=sizes, policy_distance=distances,
@@ -114,7 +118,7 @@ def run(method: str, args) -> dict:
     period = schedule(args.steps)["period"]
     members = [member_record(rows, opts, period) for rows in member_rows(result.out_dir, opts["pop_size"])]
     levels = opts.get("hparams", {}).get("actor_sparsity", [0.0] * opts["pop_size"])
-    for m, (record, level) in enumerate(zip(members, levels)):
+    for m, (record, level) in enumerate(zip(members, levels, strict=True)):
         record.update(member=m, sparsity=level, replica=m // len(SPARSITIES) if level else m)
     s = result.summary
     record = {"method": method, "env": args.env, "steps": args.steps, "seeds": args.seeds,
@@ -127,40 +131,13 @@ def run(method: str, args) -> dict:
     return record
 
 
-def ucr(scores_by_level: dict[float, float], dense: float) -> float | None:
-    """The largest sparsity whose score is within TOLERANCE of ``dense`` (None: no level is)."""
-    within = [level for level, score in scores_by_level.items() if score >= dense - TOLERANCE * abs(dense)]
-    return max(within) if within else None
-
-
-def summarize(records: dict[str, dict]) -> dict:
-    """Per method and sparsity: replica scores, their mean relative to dense, and the UCRs."""
-    dense = [m["score"] for m in records["dense"]["members"]]
-    dense_mean = float(np.mean(dense))
-    out = {"dense_scores": dense, "dense_mean": dense_mean, "tolerance": TOLERANCE, "methods": {}}
-    for method, record in records.items():
-        if method == "dense":
-            continue
-        by_level = {level: [m["score"] for m in record["members"] if m["sparsity"] == level] for level in SPARSITIES}
-        replicas = len(next(iter(by_level.values())))
-        out["methods"][method] = {
-            "scores": {str(level): s for level, s in by_level.items()},
-            "relative": {str(level): float(np.mean(s)) / dense_mean for level, s in by_level.items()},
-            "ucr": ucr({level: float(np.mean(s)) for level, s in by_level.items()}, dense_mean),
-            "ucr_per_replica": [ucr({level: s[r] for level, s in by_level.items()}, dense_mean)
-                                for r in range(replicas)],
-            "shrinks": [m.get("shrinks") for m in record["members"]],
-        }
-    return out
-
-
 def plot(records: dict[str, dict], summary: dict, env: str, steps: int) -> Path:
     import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.4))
     x = np.arange(len(SPARSITIES))
     for i, (method, row) in enumerate(summary["methods"].items()):
-        rel = [np.asarray(row["scores"][str(level)]) / summary["dense_mean"] for level in SPARSITIES]
+        rel = [np.asarray(row["scores"][level]) / summary["dense_mean"] for level in SPARSITIES]
         ax.plot(x + 0.06 * (i - 1), [r.mean() for r in rel], "o-", color=f"C{i}", label=LABELS[method])
         for j, r in enumerate(rel):
             ax.scatter(np.full(len(r), j + 0.06 * (i - 1)), r, color=f"C{i}", s=10, alpha=0.4)
@@ -197,7 +174,7 @@ def main() -> None:
                                     lambda method=method: run(method, args))
                for method in args.methods.split(",")}
     if "dense" in records and len(records) > 1:
-        summary = summarize(records)
+        summary = rlx2_compression_summary(records)
         print(json.dumps({k: {"ucr": v["ucr"], "relative": v["relative"]} for k, v in summary["methods"].items()}))
         print(plot(records, summary, args.env, args.steps))
 
