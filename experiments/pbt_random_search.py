@@ -11,7 +11,7 @@ arms, each one run per seed (``seed`` s in every arm, so member m of every arm s
 - ``random``: random search at equal compute: the independent driver with the same 8 prior draws, no exploit;
 - ``defaults``: 8 members with the library's default hparams, the independent driver.
 
-No env preset (``preset="none"``): a preset's hparams would be fixed values, which PBT does not draw from its prior.
+No env preset (``preset="none"``): the defaults are the library's TD3 defaults on every env, as on Pendulum.
 
 Per run: the best member's final return (mean of its last 3 evaluations: what tuning delivers), normalised as the
 spec's R2 does: ``(R - R_random_policy) / (R_defaults_best - R_random_policy)`` with the ``defaults`` arm of the

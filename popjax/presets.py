@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from popjax.config import ConfigError, check_options
-from popjax.registry import LEARNERS
+from popjax.config import ConfigError, check_options, make_config
+from popjax.registry import DRIVERS, LEARNERS
 
 
 def _table() -> dict[tuple[str, str], dict[str, Any]]:
@@ -68,7 +68,8 @@ def find_preset(learner: str, env: str) -> dict[str, Any] | None:
 
 
 def apply_preset(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with the preset of its (learner, env) filled in where the user gave nothing.
+    """``options`` with the preset of its (learner, env) filled in where the user gave nothing. A preset's
+    hparams are fixed values, so it leaves out those the run samples (``search_space``, or its driver's prior).
 
     ``options["preset"]``: ``"auto"`` (default) or ``"none"``; the key is consumed.
     """
@@ -81,6 +82,7 @@ def apply_preset(options: Mapping[str, Any]) -> dict[str, Any]:
     if mode == "none" or preset is None:
         return options
     sampled = options.get("search_space")
+    given_hparams = set(options.get("hparams") or ())
     for name, value in preset.items():
         given = options.get(name)
         if name == "hparams" and isinstance(sampled, Mapping):  # a sampled hparam is the user's: the preset yields
@@ -89,4 +91,14 @@ def apply_preset(options: Mapping[str, Any]) -> dict[str, Any]:
             options[name] = {**value, **given}
         elif given is None:
             options[name] = value
+    filled = set(options.get("hparams") or ()) - given_hparams
+    if filled:  # a driver that draws hparams from its prior (PBT) must draw the ones only the preset fixed
+        searched = driver_searched(options) & filled
+        options["hparams"] = {k: v for k, v in options["hparams"].items() if k not in searched}
     return options
+
+
+def driver_searched(options: Mapping[str, Any]) -> frozenset[str]:
+    """The hparams the run's driver draws from a prior and changes (PBT: its search space)."""
+    config = make_config(**options)
+    return DRIVERS[config.driver].parse_options(config).searched_hparams()

@@ -24,6 +24,15 @@ def test_a_preset_leaves_the_hparams_the_user_samples():
     assert popjax.make_config(**resolved).search_space == space  # no "fixed or sampled" conflict
 
 
+def test_pbt_draws_its_initial_hparams_from_its_prior_not_the_preset():
+    resolved = apply_preset({"learner": "td3", "env": "gym:HalfCheetah-v5", "driver": "pbt",
+                             "hparams": {"critic_lr": 5e-4}})
+    assert resolved["hparams"] == {"critic_lr": 5e-4}  # the user's value stays; the preset's searched lrs go
+    resolved = apply_preset({"learner": "td3", "env": "gym:HalfCheetah-v5", "driver": "pbt",
+                             "pbt": {"search_space": {"actor_lr": {"low": 1e-4, "high": 1e-3}}}})
+    assert resolved["hparams"] == {"critic_lr": 1e-3, "exploration_noise": 0.1}
+
+
 def test_none_unknown_pairs_and_bad_names():
     bare = {"learner": "dqn", "env": "gym:CartPole-v1", "preset": "none"}
     assert apply_preset(bare) == {"learner": "dqn", "env": "gym:CartPole-v1"}
