@@ -8,7 +8,8 @@ arms, each one run per seed (``seed`` s in every arm, so member m of every arm s
 
 - ``pbt``: the fast-PBT TD3 search space sampled at the start, then every ``--interval`` updates the bottom 25 %
   (2 of 8) copy a top-25 % member and perturb its hparams (x0.8 / x1.2, resampled with probability 0.25);
-- ``random``: random search at equal compute: the independent driver with the same 8 prior draws, no exploit;
+- ``random``: random search at equal compute: the independent driver with 8 draws from the same prior (not the
+  same draws as PBT's: each driver draws with its own key), no exploit;
 - ``defaults``: 8 members with the library's default hparams, the independent driver.
 
 No env preset (``preset="none"``): the defaults are the library's TD3 defaults on every env, as on Pendulum.
