@@ -128,6 +128,7 @@ class Loop:
         self.overlap = config.overlap and not runner.jax_path and isinstance(local.interaction, Rollout)
         self.acting = None  # the snapshot the next rollout acts with (overlap)
         self.maintained_at = 0  # updates per member at the last maintenance check (set again on resume)
+        self.last_maintenance: dict[str, Any] = {}  # its metrics, shown in every row until the next one
         # A device computes one program at a time: acting runs on its own device so that it does not
         # queue behind the update (see popjax.population.sharding.acting_device).
         self.acting_device = acting_device(config.devices) if self.overlap else None
@@ -228,18 +229,20 @@ class Loop:
     def maintain(self, state, metrics):
         """The driver's ``Maintenance`` call when this iteration's updates crossed a multiple of its period.
 
-        Reads the update counter from the device (it waits for the update; only drivers with maintenance pay)."""
+        Reads the update counter from the device (it waits for the update; only drivers with maintenance pay).
+        Between two calls the metrics rows show the latest call's metrics."""
         maintenance = self.local.maintenance
         if maintenance is None:
             return state, metrics
         before, self.maintained_at = self.maintained_at, self.counters(state)[1]
-        if not crossed(before, self.maintained_at, maintenance.every):
-            return state, metrics
+        if not crossed(before, self.maintained_at, maintenance.every):  # its period need not meet the evaluations'
+            return state, {**self.last_maintenance, **metrics}
         key = self.key(KeyPurpose.MAINTAIN)
         program = self.placement.program(maintenance.run, (False, self.axes), (self.axes, True))
         program = self.compiler("maintain", program, key, state, donate=(1,),
                                 out_shardings=(self.state_shardings, None))
         state, more = program(key, state)
+        self.last_maintenance = more
         return state, {**metrics, **more}
 
     def snapshot(self, state):

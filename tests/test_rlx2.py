@@ -23,6 +23,7 @@ from popjax.learners import rlx2, td3
 from popjax.learners.base import one_update, polyak
 from popjax.networks import sparse
 from popjax.population.tree import member, stack
+from popjax.rundir import RunDir
 
 SPEC = SPECS["continuous"]
 
@@ -214,6 +215,14 @@ def test_a_population_trains_with_exact_masks_and_resumes_bit_identically(tmp_pa
     # Checks at 100, 200, 300, 400 env steps, each after adding 100 rows; above 150 rows 10 % go:
     # 100, 200 -> 180, 280 -> 252, 352 -> 317.
     np.testing.assert_array_equal(full.state.buffer.size, [317, 317])
+
+
+def test_rows_show_the_latest_topology_steps_drop_fractions(tmp_path):
+    # Evaluations at 100 and 300 updates; topology steps every 40 updates, the latest at 80 and 280 (dst_end 300).
+    run = popjax.train(out_dir=tmp_path / "run", **RUN)
+    rows = [r for r in RunDir(run.out_dir).read_metrics() if r["member"] == 0]
+    expected = [float(sparse.drop_fraction(t, 0.5, 300)) for t in (80, 280)]
+    np.testing.assert_allclose([r["critic_drop_fraction"] for r in rows], expected, atol=1e-7)
 
 
 def test_pbt_exploits_keep_exact_masks(tmp_path):
