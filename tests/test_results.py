@@ -59,3 +59,10 @@ def test_benchmarks_results_md_is_generated_from_its_json(tmp_path, monkeypatch)
     expected = (ROOT / "benchmarks" / "RESULTS.md").read_text()
     # image links are relative to the file's folder: compare with the committed file's
     assert out.read_text().replace(report._IMAGES["prefix"], "results") == expected
+
+
+def test_ultimate_compression_ratio_by_hand():
+    scores = {0.9: 97.0, 0.98: 96.9, 0.99: 99.0, 0.995: 50.0}
+    assert results.ucr(scores, 100.0) == 0.99  # the largest level within 3 % (a level below it may miss)
+    assert results.ucr({0.9: -103.0, 0.98: -104.0}, -100.0) == 0.9  # negative returns: 3 % of |dense|
+    assert results.ucr({0.9: 96.0}, 100.0) is None
