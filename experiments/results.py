@@ -574,15 +574,14 @@ def rlx2_compression_tables(env: str) -> list[str]:
 
 
 def rlx2_buffer_rows(env: str) -> list[str]:
-    """RLx2's dynamic buffer per sparsity (shrinks, final replay size, policy distance) and the drop fractions of
-    the topology steps as logged (by RigL's run: RLx2's ran before the rows kept them; both run the same schedule)."""
+    """RLx2's dynamic buffer per sparsity (shrinks, final replay size, policy distance) and its logged drop
+    fractions."""
     record = load(f"rlx2_compression_{env}/rlx2.json")
-    logged = {m["member"]: m["drop_fraction"] for m in load(f"rlx2_compression_{env}/rigl.json")["members"]}
     rows = []
     for level in UCR_LEVELS:
         members = [m for m in record["members"] if m["sparsity"] == level]
         distance = [float(np.nanmean(m["policy_distance"])) for m in members]
-        drops = logged[members[0]["member"]]  # [env steps, actor, critic] at every 10th topology step
+        drops = members[0]["drop_fraction"]  # [env steps, actor, critic] at every 10th evaluation
         first = next(d for d in drops if d[2] is not None and np.isfinite(d[2]))
         rows.append([f"{100 * level:g} %", seeds([m["shrinks"] for m in members]),
                      seeds([m["final_replay_size"] for m in members]), seeds(distance, 3),
@@ -592,8 +591,8 @@ def rlx2_buffer_rows(env: str) -> list[str]:
                "mean policy distance per replica", "critic drop fraction (first → last logged)",
                "actor drop fraction (first → last logged)"], rows) + [
         "", f"Capacity B_max = {schedule['buffer_size']}, floor B_min = {schedule['buffer_min']}, a check every "
-            f"{schedule['period']} env steps (threshold D0 = 0.2). Drop fractions: RigL's run, logged at every 10th "
-            f"evaluation (each shows the latest topology step's)."]
+            f"{schedule['period']} env steps (threshold D0 = 0.2). Drop fractions: replica 0's, at every 10th "
+            f"evaluation (each row shows the latest topology step's)."]
 
 
 @table
