@@ -81,20 +81,18 @@ def apply_preset(options: Mapping[str, Any]) -> dict[str, Any]:
     preset = find_preset(options.get("learner", "td3"), options.get("env", "probe:pendulum"))
     if mode == "none" or preset is None:
         return options
-    sampled = options.get("search_space")
-    given_hparams = set(options.get("hparams") or ())
     for name, value in preset.items():
+        if name == "hparams":  # last: which of them the run samples depends on the other options
+            continue
         given = options.get(name)
-        if name == "hparams" and isinstance(sampled, Mapping):  # a sampled hparam is the user's: the preset yields
-            value = {k: v for k, v in value.items() if k not in sampled}
         if name in MERGED and isinstance(given, Mapping):
             options[name] = {**value, **given}
         elif given is None:
             options[name] = value
-    filled = set(options.get("hparams") or ()) - given_hparams
-    if filled:  # a driver that draws hparams from its prior (PBT) must draw the ones only the preset fixed
-        searched = driver_searched(options) & filled
-        options["hparams"] = {k: v for k, v in options["hparams"].items() if k not in searched}
+    if "hparams" in preset:  # fixed values: the preset leaves those the run samples to their prior
+        sampled = set(options.get("search_space") or ()) | driver_searched(options)
+        fixed = {k: v for k, v in preset["hparams"].items() if k not in sampled}
+        options["hparams"] = {**fixed, **(options.get("hparams") or {})}
     return options
 
 
