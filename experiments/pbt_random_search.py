@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from rlx2_pendulum import random_return
+from rlx2_pendulum import random_policy
 from sweep_common import member_rows, saved_or_run
 
 import popjax
@@ -77,15 +77,6 @@ def run(arm: str, seed: int, args) -> dict:
     return record
 
 
-def random_policy(env: str) -> dict:
-    """The normaliser's low end, measured once per env (100 episodes of uniform random actions)."""
-    path = results_dir(env) / "random_policy.json"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"env": env, "episodes": 100, "return": random_return(env, 100)}) + "\n")
-    return json.loads(path.read_text())
-
-
 def plot(records: list[dict], env: str) -> Path:
     import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
 
@@ -114,7 +105,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="run directories (default runs/pbt_random_search_<env>)")
     args = parser.parse_args()
     args.out = args.out or f"runs/{results_dir(args.env).name}"
-    random_policy(args.env)
+    random_policy(results_dir(args.env), args.env)
     records = []
     for seed in (int(s) for s in args.seeds.split(",")):
         for arm in args.arms.split(","):

@@ -32,7 +32,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
-from rlx2_pendulum import random_return
+from rlx2_pendulum import random_policy
 from sweep_common import member_rows, saved_or_run
 
 import popjax
@@ -95,34 +95,34 @@ def shrinks(sizes: list[float], added: int, capacity: int) -> int:
     return int(sum(now < min(before + added, capacity) for before, now in pairwise(sizes)))
 
 
-def member_record(rows: list[dict], options_: dict, period: int) -> dict:
+def member_record(rows: list[dict], period: int, capacity: int) -> dict:
     steps = [int(r["env_steps"]) for r in rows]
     returns = column(rows, "eval_return")
     record = {"curve": [list(p) for p in zip(steps, returns, strict=True)],
               "score": float(np.mean(returns[-LAST_EVALS:]))}
     drops = {k: column(rows, f"{k}_drop_fraction") for k in ("actor", "critic")}
     if drops["critic"] is not None:
-        rows_ = list(zip(steps, drops["actor"], drops["critic"], strict=True))
-        record["drop_fraction"] = [list(r) for r in rows_[::10]]  # [env steps, actor, critic]
+        logged = zip(steps, drops["actor"], drops["critic"], strict=True)
+        record["drop_fraction"] = [list(r) for r in logged][::10]  # [env steps, actor, critic]
     sizes, distances = column(rows, "replay_size"), column(rows, "policy_distance")
     if sizes is not None:
         record.update(replay_size=sizes, policy_distance=distances,
-                      shrinks=shrinks(sizes, period, options_["buffer_size"]), final_replay_size=sizes[-1])
+                      shrinks=shrinks(sizes, period, capacity), final_replay_size=sizes[-1])
     return record
 
 
 def run(method: str, args) -> dict:
     start = time.time()
-    opts = options(method, args.env, args.steps, args.seeds)
+    opts, steps = options(method, args.env, args.steps, args.seeds), schedule(args.steps)
     result = popjax.train(out_dir=Path(args.out) / method, overwrite=True, **opts)
-    period = schedule(args.steps)["period"]
-    members = [member_record(rows, opts, period) for rows in member_rows(result.out_dir, opts["pop_size"])]
+    members = [member_record(rows, steps["period"], steps["buffer_size"])
+               for rows in member_rows(result.out_dir, opts["pop_size"])]
     levels = opts.get("hparams", {}).get("actor_sparsity", [0.0] * opts["pop_size"])
     for m, (record, level) in enumerate(zip(members, levels, strict=True)):
         record.update(member=m, sparsity=level, replica=m // len(SPARSITIES) if level else m)
     s = result.summary
     record = {"method": method, "env": args.env, "steps": args.steps, "seeds": args.seeds,
-              "schedule": schedule(args.steps), "members": members, "costs": s.get("costs"),
+              "schedule": steps, "members": members, "costs": s.get("costs"),
               "wall_s": s["wall_s"], "compile_s": s["compile_s"], "total_s": round(time.time() - start, 1)}
     path = results_dir(args.env) / f"{method}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,11 +165,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out = args.out or f"runs/{results_dir(args.env).name}"
     folder = results_dir(args.env)
-    random_path = folder / "random_policy.json"
-    if not random_path.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        random_path.write_text(json.dumps({"env": args.env, "episodes": 100,
-                                           "return": random_return(args.env, 100)}) + "\n")
+    random_policy(folder, args.env)
     records = {method: saved_or_run(folder / f"{method}.json", {"steps": args.steps, "seeds": args.seeds},
                                     lambda method=method: run(method, args))
                for method in args.methods.split(",")}

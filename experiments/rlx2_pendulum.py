@@ -112,6 +112,15 @@ def random_return(name: str = ENV, episodes: int = 100) -> float:
     return float(jax.jit(run)(jax.random.key(123)))
 
 
+def random_policy(folder: Path, env: str) -> dict:
+    """``folder/random_policy.json``: a normaliser's low end on ``env``, measured once (100 episodes)."""
+    path = folder / "random_policy.json"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"env": env, "episodes": 100, "return": random_return(env, 100)}) + "\n")
+    return json.loads(path.read_text())
+
+
 def host_random_return(name: str, episodes: int) -> float:
     """Mean return of uniform random actions on a gymnasium env, one episode after the other."""
     env = make_env(registry.parse(name)[1])
