@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from popjax_bench import REPORT_HEADING
+from popjax_bench import REPORT_HEADING, arithmetic
 from popjax_bench import options as opt
 
 STUDY = "report"
@@ -197,7 +197,7 @@ def _torch_ratio(r: dict[str, Any]) -> tuple[float | None, str | None]:
 def _speedup_vs_torch(t, data) -> Judged:
     pairs = _rows(data, t, "update", lambda r, p: r["learner"] == t["learner"] and r["devices"] == 1
                   and r["impl"] in ("vmap", "vmap_scan") and r["pop"] in t["pops"]
-                  and _torch_ratio(r)[0] is not None)
+                  and _torch_ratio(r)[0] is not None and arithmetic.paired(p))  # equal arithmetic only
     best: dict[int, tuple[float, str]] = {}
     for r, _ in pairs:
         ratio, against = _torch_ratio(r)
@@ -356,6 +356,8 @@ def section_update(p: dict[str, Any]) -> list[str]:
               "(the update's dominant layer) measured just before the point.", ""]
     notes = p.get("notes") or []
     lines += [f"> {n}" for n in notes] + ([""] if notes else [])
+    fair = arithmetic.paired(p)  # ratios against PyTorch only between equal arithmetic
+    lines += [f"**{arithmetic.describe(p)}**", ""]
     res = [r for r in p["results"] if "skipped" not in r]
     multi = any(r.get("processes", 1) > 1 for r in p["results"])  # a --processes study: one more column and table
     for learner in dict.fromkeys(r["learner"] for r in p["results"]):
@@ -384,7 +386,8 @@ def section_update(p: dict[str, Any]) -> list[str]:
                          _f(j and j["ms_per_pop_step"], 3),
                          _f(t and t["ms_per_pop_step"], 3) + (f" ({t['torch_threads']} thr)" if t and
                                                                t.get("torch_threads") else ""),
-                         _f(r.get("speedup_vs_torch_seq"), 2, "×"), _vs_best(r),
+                         *((_f(r.get("speedup_vs_torch_seq"), 2, "×"), _vs_best(r)) if fair else
+                           ("withheld", "withheld")),
                          _f(r.get("speedup_vs_jax_seq"), 2, "×"), _f(r.get("compile_s"), 1),
                          _f(mem.get("rss_delta_mb"), 0)])
         lines += _table(["N", "devices"] + (["processes"] if multi else []) + [

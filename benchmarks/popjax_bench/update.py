@@ -53,12 +53,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from popjax import distributed
+from popjax import distributed, precision
 from popjax.learners import LEARNERS
 from popjax.learners.base import chunk_update, one_update
 from popjax.population.tree import broadcast, member
 from popjax.types import EnvSpec, Transition
-from popjax_bench import common
+from popjax_bench import arithmetic, common
 from popjax_bench import options as opt
 from popjax_bench.common import log
 
@@ -98,6 +98,9 @@ class Options(opt.StudyOptions):
                                  "each process with --devices devices, against 1 process with as many devices in "
                                  "all (P x --devices); both run as subprocesses; the sequential baselines "
                                  "(jax_seq, torch_seq) run in one process only and are refused")
+    matmul_precision: str = opt.text("default", "arithmetic of matrix products on both sides: JAX's (popjax's "
+                                     "matmul_precision) and PyTorch set to compute the same (fp32, TF32 or bf16)",
+                                     allowed=precision.MATMUL_PRECISIONS, what=" precision")
 
     def check(self) -> None:
         if self.processes > 1 and self.impls is not None:
@@ -306,8 +309,9 @@ def prepare_vmap(p: Problem, pop: int, devices: int, k: int, opts, reuse: bool =
     batches = common.place(batches, devices, member_axis)
     keys = common.place(keys, devices, member_axis)
     with common.PeakMemory() as mem:
-        point = (p, pop, devices, k)
+        point = (p, pop, devices, k, arithmetic.choice(opts))
         if not (reuse and point in _VMAP_COMPILED):
+            fn = arithmetic.jax_program(fn, arithmetic.choice(opts))
             _VMAP_COMPILED[point] = common.compile_timed(fn, keys, state, batches, hparams, donate_argnums=(1,))
         compiled, compile_times = _VMAP_COMPILED[point]
         holder = {"state": state}
@@ -351,11 +355,12 @@ def prepare_jax_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
     del state, batch
     with common.PeakMemory() as mem:
         # The single-member program is the same for every N: compile it once per problem.
-        if p not in _SEQ_COMPILED:
-            _SEQ_COMPILED[p] = common.compile_timed(
-                one_update(learner), keys[0], states[0], batches[0], hps[0], donate_argnums=(1,)
+        if (p, arithmetic.choice(opts)) not in _SEQ_COMPILED:
+            _SEQ_COMPILED[p, arithmetic.choice(opts)] = common.compile_timed(
+                arithmetic.jax_program(one_update(learner), arithmetic.choice(opts)), keys[0],
+                states[0], batches[0], hps[0], donate_argnums=(1,)
             )
-        compiled, compile_times = _SEQ_COMPILED[p]
+        compiled, compile_times = _SEQ_COMPILED[p, arithmetic.choice(opts)]
 
         def call():
             outs = []
@@ -419,6 +424,8 @@ def prepare_torch_seq(p: Problem, pop: int, opts, threads: int | None = None) ->
             torch.set_num_threads(threads)  # per call: implementations are timed interleaved
             return [[m.update(b) for m, b in zip(members, batches, strict=True)] for _ in range(period)]
 
+        call = arithmetic.torch_call(call, arithmetic.torch_arithmetic(arithmetic.choice(opts), dev), dev)
+
         entry = _ready(call, lambda _: tr.synchronize(dev), opts, period)
     return entry | {"compile": None, "memory": mem.result(), "torch_device": dev, "torch_threads": threads}
 
@@ -436,6 +443,8 @@ def torch_layer_gflops(pop: int, batch: int, width: int, threads: int, opts) -> 
     def call():
         torch.set_num_threads(threads)
         return torch.bmm(a, b)
+
+    call = arithmetic.torch_call(call, arithmetic.torch_arithmetic(arithmetic.choice(opts), "cpu"), "cpu")
 
     timing = common.time_calls(call, warmup=2, min_repeats=opts.repeats, min_time=opts.min_time, sync=lambda _: None)
     return {"pop": pop, "batch": batch, "width": width, "threads": threads,
@@ -471,7 +480,8 @@ def prepare_torch_functional(p: Problem, pop: int, opts, variant: str, threads: 
         members = [module(obs_dim, act, p.config.hidden, hp, dev) for _ in range(pop)]
         # One functions object per problem: torch_compile's member graph then compiles once for every N.
         fns = _TORCH_FUNCTIONS.setdefault(p, tf.FUNCTIONS[p.learner](members[0]))
-        update = tf.population(variant, fns, [fns.init_state(m) for m in members], hp, dev)
+        update = arithmetic.torch_call(tf.population(variant, fns, [fns.init_state(m) for m in members], hp, dev),
+                                       arithmetic.torch_arithmetic(arithmetic.choice(opts), dev), dev)
         del members
         vectorized = variant != "torch_compile"
         if vectorized:
@@ -721,7 +731,7 @@ def _time_job_point(p: Problem, pop: int, devices: int, prepared: list[tuple[str
     for (impl, entry), timing in zip(prepared, timings, strict=True):
         fields = {key: v for key, v in entry.items() if key not in ("call", "sync", "min_repeats")}
         rec = _record(p, impl, pop, devices, fields | {"timing": _slowest(timing["times_s"])})
-        compiled = _VMAP_COMPILED[(p, pop, devices, entry["steps_per_call"])][0]
+        compiled = _VMAP_COMPILED[(p, pop, devices, entry["steps_per_call"], arithmetic.choice(opts))][0]
         rec |= {"hlo_collectives": hlo_collectives(compiled), "fetch_ms": 1e3 * read["median_s"],
                 "fetch_iqr_ms": 1e3 * read["iqr_s"]}
         rows.append(rec)
@@ -1019,7 +1029,9 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
 
     def write(plot: bool, final: bool = False) -> dict[str, Any]:
         extra = sitting.record(final)
-        payload = common.study_payload(STUDY, params, results, started, notes, memory_fit=memory_fit, **extra)
+        torch_device = next((r["torch_device"] for r in results if r.get("torch_device")), None)
+        payload = common.study_payload(STUDY, params, results, started, notes, memory_fit=memory_fit,
+                                       arithmetic=arithmetic.record(o.matmul_precision, torch_device), **extra)
         common.write_json(json_path, payload)
         if plot:
             plot_update(payload, png_path)
