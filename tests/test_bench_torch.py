@@ -200,7 +200,7 @@ def test_the_accelerator_preset_runs_the_update_study_and_names_the_device(tmp_p
     monkeypatch.setattr(common, "others_cpu_share", lambda since: 0.0)
     monkeypatch.setattr(common, "PEAK_N", 128)
     defaults = accelerator.Options()
-    assert defaults.pops[-1] == 256 and defaults.learners == ("td3", "sac") and defaults.memory_fit
+    assert defaults.pops[-1] == 256 and defaults.learners == ("td3", "sac") and not defaults.memory_fit
     code = cli.main(["bench", "accelerator", "--pop", "2", "--hidden", "8", "--batch-size", "4", "--k", "2",
                      "--impl", "vmap,torch_vmap", "--torch-threads", "1", "--no-memory-fit", "--no-plot",
                      "--min-time", "0", "--out", str(tmp_path)])

@@ -91,8 +91,7 @@ class Options(opt.StudyOptions):
     repeats: int = opt.repeats()
     min_time: float = opt.min_time()
     max_seconds: float = opt.max_seconds()
-    memory_fit: bool = opt.switch(False, "also search the largest population whose compiled K-step update fits in "
-                                  "the device's memory (about a minute)", flag="--memory-fit")
+    memory_fit: bool = opt.memory_fit(False)
     processes: int = opt.integer(1, "P > 1: time vmap/vmap_scan with the population split over the CPU devices of "
                                  "P local processes joined with jax.distributed (CPU collectives over 127.0.0.1), "
                                  "each process with --devices devices, against 1 process with as many devices in "
