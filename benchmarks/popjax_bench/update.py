@@ -13,10 +13,12 @@ device, the implementations timed in the same process are:
   after another, one step per call — the paper's baseline (skipped with a message when
   PyTorch is not installed). TD3's timed call is one policy-delay period of such steps (its
   cost alternates between critic-only and critic+actor steps), divided by the period.
-- ``torch_compile``, ``torch_vmap``, ``torch_vmap_compile`` (TD3 and SAC): the strongest PyTorch a user
-  can write (``torch_functional``): one member's functional step under ``torch.compile`` called member after
-  member, the step vectorized over members with ``torch.func.vmap`` (the paper's "Torch (Vectorized)"), and
-  that under ``torch.compile``; their compile time (the first two calls) is reported apart. Each ratio names
+- ``torch_compile``, ``torch_vmap``, ``torch_vmap_compile``, ``torch_vmap_cudagraph`` (TD3 and SAC): the
+  strongest PyTorch a user can write (``torch_functional``): one member's functional step under
+  ``torch.compile`` called member after member, the step vectorized over members with ``torch.func.vmap`` (the
+  paper's "Torch (Vectorized)"), that under ``torch.compile``, and that captured as CUDA graphs
+  (``mode="reduce-overhead"``; on a CPU it falls back to the default mode, and its rows say so:
+  ``cuda_graphs``, ``torch_compile_mode``); their compile time (the first calls) is reported apart. Each ratio names
   its baseline; ``speedup_vs_torch_best`` is against the fastest PyTorch variant at that N.
 
 ``vmap``/``vmap_scan`` run once per requested device count (the member axis split over the
@@ -63,12 +65,14 @@ from popjax_bench import options as opt
 from popjax_bench.common import log
 
 STUDY = "update"
-TORCH_IMPLS = ("torch_seq", "torch_compile", "torch_vmap", "torch_vmap_compile")
+TORCH_IMPLS = ("torch_seq", "torch_compile", "torch_vmap", "torch_vmap_compile", "torch_vmap_cudagraph")
 IMPLS = ("vmap", "vmap_scan", "jax_seq", *TORCH_IMPLS)
 VECTORIZED = ("vmap", "vmap_scan")
 FUNCTIONAL_LEARNERS = ("td3", "sac")  # the functional PyTorch variants (torch_functional) exist for these
 DEFAULT_POPS = (1, 2, 4, 8, 16, 32, 64)
 PROBLEMS = ("td3", "sac", "dqn")  # learners with the paper's timing shapes (``problem``)
+CUDA_GRAPH_FALLBACK = ("torch_vmap_cudagraph ran without CUDA graphs (PyTorch's device is not CUDA): torch.compile's "
+                       "default mode, the same program as torch_vmap_compile; its rows say cuda_graphs false")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +95,7 @@ class Options(opt.StudyOptions):
     repeats: int = opt.repeats()
     min_time: float = opt.min_time()
     max_seconds: float = opt.max_seconds()
-    memory_fit: bool = opt.switch(False, "also search the largest population whose compiled K-step update fits in "
-                                  "the device's memory (about a minute)", flag="--memory-fit")
+    memory_fit: bool = opt.memory_fit(False)
     processes: int = opt.integer(1, "P > 1: time vmap/vmap_scan with the population split over the CPU devices of "
                                  "P local processes joined with jax.distributed (CPU collectives over 127.0.0.1), "
                                  "each process with --devices devices, against 1 process with as many devices in "
@@ -499,13 +502,14 @@ def prepare_torch_functional(p: Problem, pop: int, opts, variant: str, threads: 
             return [update(batches, noise(), t == period - 1) for t in range(period)]
 
         start = time.perf_counter()
-        for _ in range(2):  # compiles (each graph: TD3's critic-only and policy steps)
-            call()
+        for _ in range(3 if update.cuda_graphs else 2):  # compiles each graph (TD3: critic-only and policy
+            call()                                         # steps); CUDA graphs: a warm-up run, then the capture
         first_calls_s = time.perf_counter() - start
         entry = _ready(call, lambda _: tr.synchronize(dev), opts, period)
-    compiled = variant.endswith("compile")
+    compiled = update.compile_mode is not None
     return entry | {"compile": {"compile_s": first_calls_s} if compiled else None, "memory": mem.result(),
-                    "torch_device": dev, "torch_threads": threads}
+                    "torch_device": dev, "torch_threads": threads, "torch_compile_mode": update.compile_mode,
+                    "cuda_graphs": update.cuda_graphs}
 
 
 def _per_member(noise, pop: int, vectorized: bool):
@@ -1018,8 +1022,10 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
         "baselines": "torch_seq = PyTorch sequential K=1 (paper's baseline; one run per thread count, the fastest "
         "at each N is the baseline); torch_compile = one member's functional step under torch.compile, member "
         "after member; torch_vmap = members vectorized with torch.func.vmap (the paper's Torch (Vectorized)); "
-        "torch_vmap_compile = that under torch.compile; torch_best = the fastest of the PyTorch variants at each "
-        "N; jax_seq = jitted single-member update called member after member, K=1",
+        "torch_vmap_compile = that under torch.compile; torch_vmap_cudagraph = that under torch.compile(mode="
+        "'reduce-overhead') (CUDA graphs, step marking and clones of the kept state included; on a CPU "
+        "torch.compile's default mode, rows say cuda_graphs false); torch_best = the fastest of the PyTorch "
+        "variants at each N; jax_seq = jitted single-member update called member after member, K=1",
         "ceilings": "dense matmul peak (2048² f32) before and after the study; N×[B,h]@[h,h] (B = batch, h = the "
         "widest hidden layer) measured just before each TD3/SAC point, in XLA (the update's batched dot) and, where "
         "PyTorch variants run, in PyTorch (torch.bmm, the faster of the thread counts); DQN has none (its dominant "
@@ -1101,6 +1107,8 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
                 timing = out["timing"]  # execution time only (compile excluded): it scales with N
                 last[(impl, d, threads)] = (pop, timing["median_s"], out["warmup_calls"])
                 rec = _record(p, impl, pop, d, out)
+                if impl == "torch_vmap_cudagraph" and not rec["cuda_graphs"] and CUDA_GRAPH_FALLBACK not in notes:
+                    notes.append(CUDA_GRAPH_FALLBACK)
                 results.append(rec)
                 point.append(rec)
                 log(
