@@ -112,6 +112,9 @@ class BaseOptions:
     def check(self) -> None:
         """Checks involving several options (a study overrides it); ``ValueError``, one line."""
 
+    def check_split(self) -> None:
+        """The command line's check of how the populations split over the devices (``StudyOptions``)."""
+
     def devices_needed(self) -> list[int]:
         """The device counts the study uses (forced as host devices before JAX starts, where needed)."""
         return list(getattr(self, "devices", (1,)))
@@ -149,7 +152,30 @@ class SittingOptions(BaseOptions):
 class StudyOptions(SittingOptions):
     """A timed study that splits its population over ``--devices`` (the ``spo`` study places replicas instead)."""
 
+    SPLIT: ClassVar[str] = "pops"  # the field of the population size(s) split over --devices, if the study has it
     devices: tuple[int, ...] = ints((1,), "device counts to split the population over, e.g. 1,2")
+
+    def device_splits(self) -> list[int]:
+        """The device counts a population is split over, one per ``--devices`` value."""
+        return list(self.devices)
+
+    def check_split(self) -> None:
+        """A one-line ValueError for a device count that no population size divides (its every point would be
+        skipped). The command line runs it before anything is timed or written; a Python caller gets the
+        skipped rows."""
+        field = next((f for f in dataclasses.fields(self) if f.name == self.SPLIT), None)
+        if field is None:
+            return
+        sizes = getattr(self, field.name)
+        sizes = sizes if isinstance(sizes, tuple) else (sizes,)
+        for devices in self.device_splits():
+            if all(n % devices for n in sizes):
+                fits = sorted({d for n in sizes for d in range(1, n + 1) if n % d == 0})
+                shown = ", ".join(map(str, fits[:12])) + (", ..." if len(fits) > 12 else "")
+                what = (f"{sizes[0]} member{'s' if sizes[0] > 1 else ''} cannot" if len(sizes) == 1
+                        else f"none of {flag_of(field)} {', '.join(map(str, sizes))} can")
+                raise ValueError(f"--devices: {what} be split over {devices} devices (allowed: device counts that "
+                                 f"divide a {flag_of(field)} value: {shown})")
 
 
 def flag_of(f: dataclasses.Field) -> str:

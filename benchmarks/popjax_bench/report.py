@@ -52,12 +52,25 @@ def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
         for path in paths:
             if not path.exists() or (study != "shared_critic" and path.stem.startswith("shared_critic")):
                 continue
-            payload = json.loads(path.read_text())
+            payload = _read_result(path)
             if payload.get("study", study) != study:
                 continue
             payload["_file"] = path.stem
             out.setdefault(study, []).append(payload)
     return out
+
+
+def _read_result(path: Path) -> dict[str, Any]:
+    """A study's JSON; one that cannot be read or is not an object is a one-line ValueError naming it."""
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8, or not JSON
+        why = err.strerror if isinstance(err, OSError) else str(err).splitlines()[0]
+        raise ValueError(f"--results: {path} cannot be read ({why}); repair or remove it") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"--results: {path} is not a study's result (a JSON object), got {type(payload).__name__}; "
+                         "repair or remove it")
+    return payload
 
 
 def _f(x, digits: int = 2, suffix: str = "") -> str:

@@ -112,6 +112,9 @@ class Options(opt.StudyOptions):
                 raise ValueError(f"--impl: {', '.join(sequential)} run(s) member after member on one device of one "
                                  f"process; with --processes {self.processes} give vmap and/or vmap_scan")
 
+    def device_splits(self) -> list[int]:
+        return [self.processes * d for d in self.devices]  # with --processes: P x d devices in all
+
     def devices_needed(self) -> list[int]:
         # With --processes the points run in subprocesses that force their own devices.
         return [1] if self.processes > 1 else list(self.devices)
