@@ -372,12 +372,15 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
     options.update(dict(args.set))
     if args.schedule is not None:
         from popjax.drivers.schedule import schedule_options
+        from popjax.registry import DRIVERS
 
-        if options.get("driver", "independent") != "independent":
-            raise ConfigError(f"driver: --schedule trains without PBT (allowed: independent), got "
-                              f"{options['driver']!r}")
-        options["driver"] = "independent"
-        options["independent"] = schedule_options(_load_yaml(args.schedule, "--schedule"), args.schedule)
+        replaying = [name for name, d in DRIVERS.items() if "schedule" in d.options.model_fields]
+        driver = options.get("driver", replaying[0])  # the drivers whose options replay a schedule
+        if driver not in replaying:
+            raise ConfigError(f"driver: --schedule trains without PBT (allowed: {', '.join(replaying)}), got "
+                              f"{driver!r}")
+        options["driver"] = driver
+        options[driver] = schedule_options(_load_yaml(args.schedule, "--schedule"), args.schedule)
     if args.preset is not None:
         options["preset"] = args.preset
     if args.no_progress:

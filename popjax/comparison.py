@@ -33,6 +33,7 @@ import numpy as np
 
 from popjax import stats
 from popjax.config import ConfigError
+from popjax.registry import DRIVERS
 from popjax.rundir import RunDir
 
 MARK = ".popjax-compare"  # a directory compare created: only it is written into again
@@ -129,7 +130,7 @@ class Unit:
 
 def _units(run: RunData, group: str, score: str) -> list[Unit]:
     task = str(run.config.get("env"))
-    if run.config.get("driver") == "independent":
+    if getattr(DRIVERS.get(run.config.get("driver")), "members_independent", False):
         base = run.config.get("seed", 0)
         return [Unit(group, task, f"{base}:{m}", c) for m, c in run.curves.items()]
     steps = sorted(set().union(*(c[:, 0].tolist() for c in run.curves.values())))

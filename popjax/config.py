@@ -59,6 +59,9 @@ def _drivers() -> tuple[str, ...]:
     return tuple(DRIVERS)
 
 
+
+DEFAULT_BUFFER = "uniform"  # the run's replay source when it names none (and the one on-policy runs keep)
+
 @dataclasses.dataclass(frozen=True)
 class EnvName(Kind):
     """``gym:<id>``, ``brax:<name>[@backend]`` or ``probe:<name>`` (checked by ``popjax.envs.registry``)."""
@@ -106,7 +109,7 @@ class RunConfig:
         100_000, description="replay capacity in transitions, per member (shared buffers: in total); "
         "must fit in the machine's memory")
     buffer: OneOf(_sources) = Field(
-        "uniform", description="the replay source: uniform, or prioritized by |TD error| (K-ary sum tree; "
+        DEFAULT_BUFFER, description="the replay source: uniform, or prioritized by |TD error| (K-ary sum tree; "
         "independent and pbt drivers; learners that return TD magnitudes, spo_dqn/spo_td3 with one bank per replica)")
     per_alpha: Float(ge=0, le=1) = Field(0.6, description="prioritized replay: priority exponent, (|TD| + eps)^alpha "
                                                           "(popjax default)")
@@ -207,9 +210,9 @@ def _check_run(config: RunConfig) -> None:
         what = f"the on-policy learner {c.learner}" if LEARNERS[c.learner].on_policy else f"the learner {c.learner}"
         fail(f"the {c.driver} driver trains from a replay buffer, not {what} (allowed: {allowed})", at=("driver",),
              nested=True)
-    if DRIVERS[c.driver].shared_critic and LEARNERS[c.learner].own_replay:
+    if DRIVERS[c.driver].shared_critic and LEARNERS[c.learner].fit.own_replay:
         allowed = ", ".join(name for name, d in DRIVERS.items() if not d.shared_critic and d.accepts_step(step_kind))
-        fail(f"{c.learner} {LEARNERS[c.learner].own_replay}, and the {c.driver} driver trains from one buffer "
+        fail(f"{c.learner} {LEARNERS[c.learner].fit.own_replay}, and the {c.driver} driver trains from one buffer "
              f"shared by the population (allowed drivers: {allowed})", at=("learner",), nested=True)
     if DRIVERS[c.driver].shared_critic and LEARNERS[c.learner].shared_critic is None:
         offering = ", ".join(name for name, d in LEARNERS.items() if d.shared_critic is not None)
@@ -218,14 +221,15 @@ def _check_run(config: RunConfig) -> None:
     if c.overlap and LEARNERS[c.learner].on_policy:  # learn never sees the snapshot that acted
         fail(f"acting one update behind would hand the on-policy learner {c.learner} data of a policy its update "
              "does not know (allowed: false)", at=("overlap",), nested=True)
-    if c.buffer != "uniform" and LEARNERS[c.learner].on_policy:
-        fail(f"the on-policy learner {c.learner} keeps no replay buffer (allowed: uniform)", at=("buffer",),
-             nested=True)
+    if c.buffer != DEFAULT_BUFFER and LEARNERS[c.learner].on_policy:
+        fail(f"the on-policy learner {c.learner} keeps no replay buffer (allowed: {DEFAULT_BUFFER}, the default)",
+             at=("buffer",), nested=True)
     if not DRIVERS[c.driver].accepts_source(c.buffer):
         fail(f"the {c.driver} driver has no {c.buffer} replay (allowed: {', '.join(DRIVERS[c.driver].sources)})",
              at=("buffer",), nested=True)
-    if c.per_delay != 1 and c.buffer != "prioritized":
-        fail(f"only applies to buffer: prioritized, got {c.per_delay} with buffer: {c.buffer} (allowed: 1)",
+    if c.per_delay != 1 and "per_delay" not in SOURCES[c.buffer].options:
+        reading = ", ".join(name for name, d in SOURCES.items() if "per_delay" in d.options)
+        fail(f"only applies to buffer: {reading}, got {c.per_delay} with buffer: {c.buffer} (allowed: 1)",
              at=("per_delay",), nested=True)
     replay = not LEARNERS[c.learner].on_policy  # on-policy learners have no buffer and no warm-up
     if replay and c.batch_size > c.buffer_size:

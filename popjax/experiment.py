@@ -68,7 +68,7 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
                           f"{spec.describe_actions()}")
     check_memory(config, spec)  # replay buffers and evaluation batch, before anything is allocated
     learner_config = build_learner_config(config, definition)
-    if definition.check_env is not None and (found := definition.check_env(learner_config, spec)) is not None:
+    if definition.fit.check_env is not None and (found := definition.fit.check_env(learner_config, spec)) is not None:
         key, why = found  # an option the env cannot serve: one line now, not a traceback when first traced
         raise ConfigError(f"learner_config.{key}: {why}")
     try:
@@ -83,11 +83,12 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
         raise ConfigError(str(err)) from None
     driver_def = DRIVERS[config.driver]
     options = driver_def.parse_options(config)
-    if definition.specialize is not None:  # a static setting the run allows (TD3: a fixed policy delay)
-        learner_config = definition.specialize(learner_config, hparams, config.updates_per_iter,
+    if definition.fit.specialize is not None:  # a static setting the run allows (TD3: a fixed policy delay)
+        learner_config = definition.fit.specialize(learner_config, hparams, config.updates_per_iter,
                                                options.searched_hparams(),
                                                exact_chunks=not SOURCES[config.buffer].writes_back)
     learner = definition.make(learner_config, spec)
+    _check_hooks(config, driver_def, learner)
     if not isinstance(learner.step, definition.step_kind):  # a registry entry that contradicts its learner
         raise TypeError(f"learner {config.learner}: make returned a {type(learner.step).__name__}, its LearnerDef "
                         f"declares {definition.step_kind.__name__}")
@@ -105,6 +106,18 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
         runner = HostRunner(lambda n, seed, first_env: registry.make_host_env(config.env, n, seed, first_env), count,
                             config.envs_per_member, config.seed, first)
     return Loop(config, driver, local, runner, placement, instrument=instrument)
+
+
+def _check_hooks(config: RunConfig, driver_def, learner) -> None:
+    """A driver that does not run the learner's replay hooks refuses it (never skips them)."""
+    hooks = [what for what, used in (("multi-step windows", getattr(learner.step, "window", 1) > 1),
+                                     ("maintenance steps", learner.maintain is not None),
+                                     ("a dynamic replay", learner.shrink is not None)) if used]
+    if hooks and not driver_def.learner_hooks:
+        allowed = ", ".join(name for name, d in DRIVERS.items()
+                            if d.learner_hooks and d.accepts_step(type(learner.step)))
+        raise ConfigError(f"learner: {config.learner} needs {' and '.join(hooks)}, which the {config.driver} driver "
+                          f"does not run (allowed drivers: {allowed})")
 
 
 def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest", overwrite: bool = False,

@@ -268,7 +268,7 @@ class Loop:
         def call(key, t, actor, obs):
             obs = placement.from_local(obs)
             acted = compiler("act", act, key, t, actor, obs)(key, t, actor, obs)
-            return jax.tree.map(lambda x: placement.to_local(x, rows), acted)  # actions, or (actions, extras)
+            return jax.tree.map(lambda x: placement.to_local(x, rows), acted)  # (actions, extras)
 
         return call
 
@@ -424,12 +424,13 @@ class Loop:
             **self.driver.host.summary(state),
         }
         definition, learner_config = LEARNERS[cfg.learner], make_learner_config(cfg)
-        if definition.costs is not None:
+        report = definition.report
+        if report.costs is not None:
             hparams = fetch(self.driver.host.hparams(state))
-            summary["costs"] = definition.costs(learner_config, self.runner.spec, hparams)
-        if definition.counts is not None:
-            summary["counts"] = definition.counts(learner_config, updates)
-        named = definition.summary_metrics
+            summary["costs"] = report.costs(learner_config, self.runner.spec, hparams)
+        if report.counts is not None:
+            summary["counts"] = report.counts(learner_config, updates)
+        named = report.summary_metrics
         if named and is_writer():  # from metrics.csv (process 0's), so a resumed run reports the same
             summary["learner_metrics"] = last_metrics(self.run_dir.read_metrics(), named, cfg.pop_size)
         return summary

@@ -50,7 +50,7 @@ def make_mean(config: MeanConfig, spec) -> Learner:
         del state
         return jnp.zeros(obs.shape[:-len(spec.obs_shape)] + spec.action_shape, spec.action_dtype)
 
-    return Learner(init=init, act=lambda key, state, obs, hp: policy(state, obs), policy=policy,
+    return Learner(init=init, act=lambda key, state, obs, hp: (policy(state, obs), None), policy=policy,
                    step=replay_step(update))
 
 

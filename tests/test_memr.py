@@ -24,8 +24,8 @@ from popjax.buffers.segmented import segmented_init, segmented_sample, segmented
 from popjax.config import ConfigError, make_config
 from popjax.learners.memr import MEMRConfig, default_hparams, entropy_priority, make_memr, memr_core
 from popjax.learners.sac import SACHParams
-from popjax.population.hparams import restrict
 from popjax.networks.dynamics import model_nll
+from popjax.population.hparams import restrict
 from popjax.population.tree import member, stack
 from popjax.types import EnvSpec, Transition
 
@@ -233,9 +233,10 @@ def test_m3_in_a_memr_step_the_weights_reach_the_critic_only():
 
 
 def test_uniform_start_states_ignore_the_weights_and_declare_no_priorities():
-    c = config(start_states="uniform", buffer="uniform")
+    c = config(start_states="uniform")
     learner = make_memr(c, SPEC)
-    assert not learner.step.td and learner.step.chunk == 2
+    assert not learner.step.priorities and not learner.step.by_priority and learner.step.chunk == 2
+    assert make_memr(config(), SPEC).step.by_priority
     state = jax.jit(learner.init)(jax.random.key(0), hparams())
     batches = linear_batch(jax.random.key(1), (2, M))
     keys = jax.random.split(jax.random.key(1), 2)
@@ -295,8 +296,8 @@ RUN = dict(env="probe:pendulum", pop_size=2, total_env_steps=120, warmup_steps=4
     ({"per_alpha": -0.1}, "per_alpha"),
     ({"learner_config": {"segments": 0}}, "learner_config.segments"),
     ({"learner_config": {"segments": 3, "sac_batch": 25}}, "learner_config.segments"),
-    ({"buffer": "uniform"}, "learner_config.start_states"),
-    ({"learner_config": {"start_states": "uniform"}}, "learner_config.start_states"),
+    ({"buffer": "uniform"}, "buffer"),
+    ({"learner_config": {"start_states": "uniform"}}, "buffer"),
     ({"learner_config": {"start_states": "greedy"}}, "learner_config.start_states"),
 ])
 def test_bad_memr_input_is_one_line_naming_the_field(options, field, tmp_path):
@@ -345,8 +346,8 @@ def test_a_memr_population_trains_counts_and_resumes_exactly(start_states, tmp_p
     (["--learner-config", "segments=0"], "learner_config.segments: must lie in [1, 1000000], got 0"),
     (["--learner-config", "segments=1", "--learner-config", "sac_batch=512"],
      "learner_config.segments: a model buffer of 1 x 256 (batch_size) rollouts is smaller than one SAC batch of 512"),
-    (["--set", "buffer=uniform"], "learner_config.start_states: prioritized start states are drawn by buffer: "
-                                  "prioritized, got buffer: uniform"),
+    (["--set", "buffer=uniform"], "buffer: the memr_sac learner draws its samples by priority, which the uniform "
+                                  "source does not (allowed: prioritized)"),
     (["--env", "probe:cartpole", "--set", "buffer=prioritized"], "env: memr_sac needs continuous actions"),
     (["--learner-config", "model_update_every=30"], "learner_config.model_update_every: x update_ratio (30 updates) "
                                                     "must divide the updates per iteration (50"),

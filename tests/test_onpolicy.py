@@ -207,8 +207,9 @@ def test_vmap_equals_the_per_member_loop(name, kind):
     assert_trees_close(pop_state, stack([s for s, _ in outs]), atol=1e-6, rtol=1e-6)
     assert_trees_close(pop_metrics, stack([m for _, m in outs]), atol=1e-6, rtol=1e-6)
     assert int(pop_state.steps[0]) == learner.step.updates == (4 if name == "ppo" else 1)
-    acts = jax.vmap(learner.act, in_axes=(0, 0, None, 0))(keys, pop_state, jnp.zeros((5,) + spec.obs_shape),
-                                                          stack(hparams))
+    acts, extras = jax.vmap(learner.act, in_axes=(0, 0, None, 0))(keys, pop_state, jnp.zeros((5,) + spec.obs_shape),
+                                                                  stack(hparams))
+    assert extras is None
     assert acts.shape == (3, 5) + spec.action_shape
     if not spec.discrete:
         assert float(jnp.abs(acts).max()) <= 1.0
@@ -357,7 +358,8 @@ def test_runners_report_ended_on_truncation_and_termination():
     (dict(driver="cemrl"), "driver: the cemrl driver trains from a replay buffer, not the on-policy learner ppo "
                            "(allowed: independent, pbt"),
     (dict(driver="dvd"), "driver: the dvd driver trains from a replay buffer"),
-    (dict(buffer="prioritized"), "buffer: the on-policy learner ppo keeps no replay buffer (allowed: uniform)"),
+    (dict(buffer="prioritized"),
+     "buffer: the on-policy learner ppo keeps no replay buffer (allowed: uniform, the default)"),
     (dict(env="gym:CartPole-v1", overlap=True), "overlap: acting one update behind would hand the on-policy"),
     (dict(hparams={"clip": 0.0}), "hparams.clip: must lie in (0, 10], got 0.0"),
     (dict(hparams={"gae_lambda": 1.5}), "hparams.gae_lambda: must lie in [0, 1]"),

@@ -177,13 +177,16 @@ class Driver(NamedTuple):
     Attributes:
       init: ``key -> state``; the state has a ``counters: Counters`` field.
       interaction: ``Rollout`` or ``Episodes``: what the iteration does in the envs; or an
-        ``OwnInteraction`` that runs the whole iteration itself (``act``/``learn`` are then unused).
-      act: ``(key, state, obs [actors, envs, ...]) -> actions`` while interacting.
-      learn: ``(key, state, experience) -> (state, metrics)``; advances ``counters``.
+        ``OwnInteraction`` that runs the whole iteration itself (and needs no ``act``/``learn``).
       evaluation: ``Episodes``: how the policies are evaluated.
       policy: ``(state, obs [actors, episodes, ...]) -> actions``, deterministic.
       member_axes: prefix pytree of the state with ``True`` where leaves have the member axis.
       host: the ``DriverHost``.
+      act: ``(key, state, obs [actors, envs, ...]) -> (actions, extras)`` while interacting (extras: what the
+        learner records with each transition, ``ReplayStep.extras``; None: nothing); with a ``Rollout`` or
+        ``Episodes`` interaction.
+      learn: ``(key, state, experience) -> (state, metrics)``; advances ``counters``; with a ``Rollout`` or
+        ``Episodes`` interaction.
       prepare: optional ``(key, state) -> (state, metrics)`` run before interacting.
       after_eval: optional ``(key, state, returns) -> (state, info)`` run after each evaluation.
       acting_view: optional ``state -> state``: the state with only what ``act`` reads (e.g. no
@@ -196,12 +199,12 @@ class Driver(NamedTuple):
 
     init: Callable[[Key], Any]
     interaction: Rollout | Episodes | OwnInteraction
-    act: Callable[[Key, Any, jax.Array], jax.Array]
-    learn: Callable[[Key, Any, Any], tuple[Any, Metrics]]
     evaluation: Episodes
     policy: Callable[[Any, jax.Array], jax.Array]
     member_axes: PyTree
     host: DriverHost
+    act: Callable[[Key, Any, jax.Array], tuple[jax.Array, Any]] | None = None
+    learn: Callable[[Key, Any, Any], tuple[Any, Metrics]] | None = None
     prepare: Callable[[Key, Any], tuple[Any, Metrics]] | None = None
     after_eval: Callable[[Key, Any, jax.Array], tuple[Any, Any]] | None = None
     acting_view: Callable[[Any], Any] | None = None
@@ -293,6 +296,12 @@ class DriverDef:
       sources: the replay sources (the run's ``buffer``) it samples from; None: every registered one.
       shared_critic: whether it trains actors against one shared critic (CEM-RL, DvD): the learner must offer
         that population (``LearnerDef.shared_critic``).
+      learner_hooks: whether it runs every replay step the learners offer: multi-step windows, ``maintain`` and
+        ``shrink`` hooks (HTS-RL's segment replay does not: a learner that needs them is refused at build).
+      members_independent: whether its members never interact (no copies, no shared parts): each member is then
+        an independent seed of the statistics (``final_iqm``, ``popjax compare``).
+      policy_copy: whether PBT's ``copy: policy`` fits it (nothing else a member carries depends on the learner
+        state it copies: HTS-RL's lagged behaviour state and staged segment do).
     """
 
     name: str
@@ -304,6 +313,9 @@ class DriverDef:
     steps: tuple[type, ...] = (ReplayStep,)
     sources: tuple[str, ...] | None = ("uniform",)
     shared_critic: bool = False
+    learner_hooks: bool = True
+    members_independent: bool = False
+    policy_copy: bool = False
 
     def accepts_step(self, kind: type) -> bool:
         return kind in self.steps

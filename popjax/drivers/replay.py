@@ -38,9 +38,13 @@ def make_source(ctx: BuildContext) -> ReplaySource:
     if refreshes and source.rewrite is None:
         raise ConfigError(f"buffer: the {cfg.learner} learner keeps a refreshed value per transition, which the "
                           f"{cfg.buffer} source does not store (allowed: uniform)")
-    if source.write_back is not None and not learner.step.td and not refreshes:
+    if source.write_back is not None and not learner.step.priorities and not refreshes:
         raise ConfigError(f"buffer: the {cfg.learner} learner returns no per-sample TD magnitudes for the {cfg.buffer} "
                           "source to write back (allowed: uniform)")
+    if learner.step.by_priority and not definition.prioritized:
+        allowed = ", ".join(name for name, d in SOURCES.items() if d.prioritized)
+        raise ConfigError(f"buffer: the {cfg.learner} learner draws its samples by priority, which the {cfg.buffer} "
+                          f"source does not (allowed: {allowed})")
     if learner.shrink is not None and source.shrink is None:
         raise ConfigError(f"buffer: the {cfg.learner} learner's dynamic replay capacity needs a source it can shrink "
                           "(allowed: uniform)")

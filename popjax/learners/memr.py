@@ -49,10 +49,14 @@ from popjax.learners.base import (
     Hidden,
     Learner,
     LearnerDef,
+    PBTSupport,
     ReplayStep,
+    Report,
+    RunFit,
     adam_init,
     adam_step,
     scalar,
+    without_extras,
 )
 from popjax.networks.dynamics import GaussianEnsemble, gaussian_nll, model_nll, predict
 from popjax.networks.mlp import GaussianActor
@@ -69,7 +73,7 @@ class MEMRConfig:
     hidden: Hidden = Field((256, 256), description="hidden layer sizes of the SAC actor and of each critic")
     start_states: schema.OneOf(START_STATES) = Field(
         "prioritized", description="how start states are drawn from the real transitions: prioritized by Eq. 3.7 "
-        "(MEMR; needs buffer: prioritized) or uniform (the ablation; needs buffer: uniform)")
+        "(MEMR; needs a prioritized buffer) or uniform (the ablation; needs a buffer that does not prioritize)")
     ensemble: schema.Int(ge=1, le=64) = Field(5, description="dynamics models in the ensemble")
     model_hidden: Hidden = Field((128, 128), description="hidden layer sizes of each dynamics model")
     model_update_every: schema.Int(ge=1, le=1_000_000) = Field(
@@ -83,7 +87,6 @@ class MEMRConfig:
     policy_updates: schema.Int(ge=1, le=1000) = Field(1, description="SAC updates G per env step")
     sac_batch: BatchSize = Field(256, description="model rollouts per SAC update, drawn from one segment")
     batch_size: BatchSize = Field(256, description="start states M per env step (the run's batch_size)")
-    buffer: str = Field("prioritized", description="the run's buffer")
     update_ratio: schema.Float(gt=0) = Field(1.0, description="the run's update_ratio")
 
     @pydantic.model_validator(mode="after")
@@ -251,21 +254,15 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
 
 
 def make_memr(config: MEMRConfig, spec: EnvSpec) -> Learner:
+    """MEMR's learner; prioritized start states need a source that samples by the priorities it writes back
+    (``ReplayStep.by_priority``), uniform ones one that does not (``priorities`` False): checked when the run is
+    built, so every option alone, and the learner's defaults, stay valid run options."""
     core = memr_core(config, spec)
-    return Learner(init=core.init, act=lambda key, state, obs, hp: core.sac.act(key, state.sac, obs, hp),
+    prioritized = config.start_states == "prioritized"
+    return Learner(init=core.init,
+                   act=without_extras(lambda key, state, obs, hp: core.sac.act(key, state.sac, obs, hp)),
                    policy=lambda state, obs: core.sac.policy(state.sac, obs),
-                   step=ReplayStep(core.update, chunk=config.chunk, td=config.start_states == "prioritized"))
-
-
-def check_run(config: MEMRConfig, spec: EnvSpec) -> tuple[str, str] | None:
-    """``LearnerDef.check_env``: the start states must come from the source that draws them (checked when the run
-    is built, so every option alone, and the learner's defaults, stay valid run options)."""
-    del spec
-    if config.buffer != config.start_states:
-        return "start_states", (f"{config.start_states} start states are drawn by buffer: {config.start_states}, got "
-                                f"buffer: {config.buffer} (give buffer: {config.start_states}, or start_states: "
-                                f"{config.buffer})")
-    return None
+                   step=ReplayStep(core.update, chunk=config.chunk, priorities=prioritized, by_priority=prioritized))
 
 
 def specialize(config: MEMRConfig, hparams, updates_per_call: int, searched: frozenset[str],
@@ -294,8 +291,9 @@ PRESETS = {
 
 DEFINITION = LearnerDef(
     name="memr_sac", config_cls=MEMRConfig, hparams_cls=MEMRHParams, make=make_memr,
-    default_hparams=default_hparams, action_kind="continuous", specialize=specialize, counts=counts,
-    check_env=check_run, search_space=SEARCH_SPACES["sac"], presets=PRESETS, policy_state=("sac.actor",),
-    optimizer_state={"sac.actor_opt": "sac.actor", "sac.critic_opt": "sac.critic", "sac.alpha_opt": "sac.log_alpha",
-                     "model_opt": "model", "psi_opt": "psi"},
+    default_hparams=default_hparams, action_kind="continuous", presets=PRESETS,
+    fit=RunFit(specialize=specialize), report=Report(counts=counts),
+    pbt=PBTSupport(SEARCH_SPACES["sac"], policy_state=("sac.actor",),
+                   optimizer_state={"sac.actor_opt": "sac.actor", "sac.critic_opt": "sac.critic",
+                                    "sac.alpha_opt": "sac.log_alpha", "model_opt": "model", "psi_opt": "psi"}),
 )
