@@ -19,7 +19,7 @@ from scipy import stats
 from popjax.buffers.sources import make_uniform_source
 from popjax.config import ConfigError, make_config
 from popjax.learners import refer, sac, td3
-from popjax.learners.base import replay_step
+from popjax.learners.base import adam_step, replay_step
 from popjax.population.tree import member, stack
 from popjax.types import Replayed, Transition, dummy_transition
 
@@ -143,7 +143,7 @@ def test_e4_all_far_batch_gives_no_gradient_at_beta_one_and_only_kl_below():
             return (1.0 - beta) * refer.kl_gaussian(mu["mean"], mu["log_std"], mean, mu["log_std"]).mean()
 
         grads = jax.grad(kl_loss)(state.base.actor)
-        expected, _ = td3.adam_step(state.base.actor, grads, state.base.actor_opt, hp.actor_lr)
+        expected, _ = adam_step(state.base.actor, grads, state.base.actor_opt, hp.actor_lr)
         if beta == 1.0:
             assert_trees_equal(new.base.actor, state.base.actor)
         else:
