@@ -19,9 +19,11 @@ real start transitions (by priority ``p^alpha`` with importance weights, or unif
    values, which the prioritized source writes back as ``(p + eps)^alpha`` for the just-sampled rows only.
 
 popjax's choices (the thesis gives none of them): the model type (``popjax.networks.dynamics``), M, G, the epochs,
-the learning rates, that rollouts take the mean of one ensemble member drawn per row and a predicted termination,
-and that the importance weights are normalised by the max over each start-state batch (Alg. 2's ``max w``; one
-batch = one segment). New real rows enter the tree with the largest priority so far (the source's rule), not with
+the learning rates, that rollouts take the mean of one ensemble member drawn per row, that a rollout ends where
+the task's known rule says so (``termination: known``, MBPO's practice, ``popjax.envs.terminations``; ``learned``
+cuts the ensemble's termination logit at 0), that SAC starts from the member's key itself (so ``sac`` and
+``memr_sac`` runs of a seed start from the same networks), and that the importance weights are normalised by the
+max over each start-state batch (Alg. 2's ``max w``; one batch = one segment). New real rows enter the tree with the largest priority so far (the source's rule), not with
 their Eq. 3.7 priority; the chunk's H batches are drawn before the chunk, so priorities lag by up to H - 1
 samplings (the relaxation ``popjax.drivers.replay`` documents, measured harmless in Ch. 4). With ``start_states:
 uniform`` every step is the same except that start states are uniform and every weight is 1 (same policy updates).
@@ -41,6 +43,7 @@ from pydantic import Field
 from popjax import schema
 from popjax.buffers.segmented import SegmentedState, segmented_init, segmented_sample, segmented_write
 from popjax.config import ConfigError
+from popjax.envs.terminations import KNOWN_TERMINATIONS, known_termination
 from popjax.learners import sac
 from popjax.learners.actor_critic import Core
 from popjax.learners.base import (
@@ -66,6 +69,7 @@ from popjax.schema import problem
 from popjax.types import EnvSpec, Key, PyTree, Transition, dummy_transition
 
 START_STATES = ("prioritized", "uniform")
+TERMINATIONS = ("known", "learned")
 
 
 @schema.dataclass
@@ -87,6 +91,9 @@ class MEMRConfig:
     policy_updates: schema.Int(ge=1, le=1000) = Field(1, description="SAC updates G per env step")
     sac_batch: BatchSize = Field(256, description="model rollouts per SAC update, drawn from one segment")
     batch_size: BatchSize = Field(256, description="start states M per env step (the run's batch_size)")
+    termination: schema.OneOf(TERMINATIONS) = Field(
+        "known", description="whether a model rollout ends the episode: the task's known rule on the predicted next "
+        "state (popjax.envs.terminations; MBPO's practice) or the ensemble's learned termination logit")
     update_ratio: schema.Float(gt=0) = Field(1.0, description="the run's update_ratio")
 
     @pydantic.model_validator(mode="after")
@@ -162,8 +169,19 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
     psi_net = GaussianActor(config.psi_hidden, spec.action_dim)
     rows = config.batch_size
 
+    known = known_termination(spec.name) if config.termination == "known" else None
+    if config.termination == "known" and known is None:
+        raise ValueError(f"memr_core: no known termination rule for {spec.name} (check_run refuses such runs)")
+
+    def rollout_step(params, key, obs, action):
+        next_obs, reward, terminated = predict(model_net, params, key, obs, action)
+        if known is not None:
+            terminated = known(next_obs).astype(jnp.float32)
+        return next_obs, reward, terminated
+
     def init(key: Key, hparams: MEMRHParams) -> MEMRState:
-        key_sac, key_model, key_psi = jax.random.split(key, 3)
+        # SAC starts from the key the ``sac`` learner uses, so the two arms of a seed start from the same networks.
+        key_sac, key_model, key_psi = key, jax.random.fold_in(key, 1), jax.random.fold_in(key, 2)
         obs = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
         model = model_net.init(key_model, jnp.zeros((1, spec.obs_shape[0] + spec.action_dim), jnp.float32))
         psi = psi_net.init(key_psi, obs)
@@ -210,7 +228,7 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
         key_action, key_model, key_sac = jax.random.split(key, 3)
         obs = batch.obs
         action, _ = sac.sample_action(core.actor_net, key_action, state.sac.actor, obs)
-        next_obs, reward, terminated = predict(model_net, state.model, key_model, obs, action)
+        next_obs, reward, terminated = rollout_step(state.model, key_model, obs, action)
         rollout = Transition(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated)
         rollouts = segmented_write(state.rollouts, rollout, weights)
         psi, psi_opt, psi_loss = fit_psi(state.psi, state.psi_opt, obs, action, hp.psi_lr)
@@ -265,6 +283,15 @@ def make_memr(config: MEMRConfig, spec: EnvSpec) -> Learner:
                    step=ReplayStep(core.update, chunk=config.chunk, priorities=prioritized, by_priority=prioritized))
 
 
+def check_run(config: MEMRConfig, spec: EnvSpec) -> tuple[str, str] | None:
+    """``RunFit.check_env``: a known termination needs the task's rule (checked when the run is built, so every
+    option alone, and the learner's defaults, stay valid run options)."""
+    if config.termination == "known" and known_termination(spec.name) is None:
+        return "termination", (f"popjax knows no termination rule for {spec.name} (allowed: known for "
+                               f"{', '.join(KNOWN_TERMINATIONS)}; learned for any task)")
+    return None
+
+
 def specialize(config: MEMRConfig, hparams, updates_per_call: int, searched: frozenset[str],
                exact_chunks: bool = True) -> MEMRConfig:
     """Checks that the driver's K updates per call are whole model-fit periods (a chunk is MEMR's smallest
@@ -292,7 +319,7 @@ PRESETS = {
 DEFINITION = LearnerDef(
     name="memr_sac", config_cls=MEMRConfig, hparams_cls=MEMRHParams, make=make_memr,
     default_hparams=default_hparams, action_kind="continuous", presets=PRESETS,
-    fit=RunFit(specialize=specialize), report=Report(counts=counts),
+    fit=RunFit(specialize=specialize, check_env=check_run), report=Report(counts=counts),
     pbt=PBTSupport(SEARCH_SPACES["sac"], policy_state=("sac.actor",),
                    optimizer_state={"sac.actor_opt": "sac.actor", "sac.critic_opt": "sac.critic",
                                     "sac.alpha_opt": "sac.log_alpha", "model_opt": "model", "psi_opt": "psi"}),
