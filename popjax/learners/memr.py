@@ -24,8 +24,8 @@ the task's known rule says so (``termination: known``, MBPO's practice, ``popjax
 cuts the ensemble's termination logit at 0), that SAC starts from the member's key itself (so ``sac`` and
 ``memr_sac`` runs of a seed start from the same networks), and that the importance weights are normalised by the
 max over each start-state batch (Alg. 2's ``max w``; one batch = one segment). New real rows enter the tree with
-the largest priority so far (the source's rule), not with their Eq. 3.7 priority; the chunk's H batches are drawn before the chunk, so priorities lag by up to H - 1
-samplings (the relaxation ``popjax.drivers.replay`` documents, measured harmless in Ch. 4). With ``start_states:
+the largest priority so far (the source's rule), not with their Eq. 3.7 priority; the chunk's H batches are drawn
+before the chunk, so priorities lag by up to H - 1 samplings (the relaxation ``popjax.drivers.replay`` documents, measured harmless in Ch. 4). With ``start_states:
 uniform`` every step is the same except that start states are uniform and every weight is 1 (same policy updates).
 """
 
