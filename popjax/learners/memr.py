@@ -19,14 +19,15 @@ real start transitions (by priority ``p^alpha`` with importance weights, or unif
    values, which the prioritized source writes back as ``(p + eps)^alpha`` for the just-sampled rows only.
 
 popjax's choices (the thesis gives none of them): the model type (``popjax.networks.dynamics``), M, G, the epochs,
-the learning rates, that rollouts take the mean of one ensemble member drawn per row, that a rollout ends where
-the task's known rule says so (``termination: known``, MBPO's practice, ``popjax.envs.terminations``; ``learned``
-cuts the ensemble's termination logit at 0), that SAC starts from the member's key itself (so ``sac`` and
-``memr_sac`` runs of a seed start from the same networks), and that the importance weights are normalised by the
-max over each start-state batch (Alg. 2's ``max w``; one batch = one segment). New real rows enter the tree with
-the largest priority so far (the source's rule), not with their Eq. 3.7 priority; the chunk's H batches are drawn
-before the chunk, so priorities lag by up to H - 1 samplings (the relaxation ``popjax.drivers.replay`` documents, measured harmless in Ch. 4). With ``start_states:
-uniform`` every step is the same except that start states are uniform and every weight is 1 (same policy updates).
+the learning rates, that rollouts take the mean of one ensemble member drawn per row, that a rollout ends where the
+task's known rule says so (``termination: known``, MBPO's practice, ``popjax.envs.terminations``; ``learned`` cuts
+the ensemble's termination logit at 0), that SAC starts from the member's key itself (so ``sac`` and ``memr_sac``
+runs of a seed start from the same networks), and that the importance weights are normalised by the max over each
+start-state batch (Alg. 2's ``max w``; one batch = one segment). New real rows enter the tree with the largest
+priority so far (the source's rule), not with their Eq. 3.7 priority; the chunk's H batches are drawn before the
+chunk, so priorities lag by up to H - 1 samplings (the relaxation ``popjax.drivers.replay`` documents, measured
+harmless in Ch. 4). With ``start_states: uniform`` every step is the same except that start states are uniform and
+every weight is 1 (same policy updates).
 """
 
 from __future__ import annotations
