@@ -61,6 +61,8 @@ def population_layout(x, members: int):
 def flat_act(acted, spec: EnvSpec):
     """``(actions [n, ...], extras [n, ...] | None)`` from the ``(actions, extras)`` an acting function returned for
     ``[actors, envs]``."""
+    if not isinstance(acted, tuple) or len(acted) != 2:  # an action array would unpack along its actor axis
+        raise TypeError(f"an acting function must return (actions, extras), got {type(acted).__name__}")
     action, extras = acted
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     return action.reshape((-1,) + spec.action_shape), jax.tree.map(flat, extras)
@@ -112,7 +114,7 @@ class JaxRunner:
 
     def evaluate(self, key: Key, policy: Callable, actor, actor_ids: jax.Array, episodes: int) -> jax.Array:
         """Mean return ``[m]`` of ``episodes`` deterministic episodes per actor."""
-        act = lambda key, t, actor, obs: policy(actor, obs)
+        act = lambda key, t, actor, obs: (policy(actor, obs), None)  # an act's pair: nothing recorded
         return self._episodes(key, act, actor, actor_ids, episodes, record=False).returns
 
     def _episodes(self, key, act, actor, actor_ids, episodes, record):
