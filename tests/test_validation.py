@@ -598,8 +598,11 @@ def test_learner_options_fit_the_env_or_are_refused_when_built(learner, key, val
     definition = LEARNERS[learner]
     tiny = {k: [8] for k, f in schema.schema_fields(definition.config_cls).items()
             if isinstance(schema.kind_of(f), schema.NumberList)}
+    # the replay source the learner's preset picks for the env (memr_sac's start states need theirs)
+    source = {k: v for k, v in definition.presets.get(env, {}).items() if k == "buffer"}
     config = make_config(learner=learner, env=env, pop_size=1, total_env_steps=200, warmup_steps=20,
-                         rollout_len=20, batch_size=8, buffer_size=1_000, learner_config={**tiny, key: value})
+                         rollout_len=20, batch_size=8, buffer_size=1_000, **source,
+                         learner_config={**tiny, key: value})
     try:
         build(config)
     except ConfigError as err:
