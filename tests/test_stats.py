@@ -169,3 +169,6 @@ def test_population_iqm_of_summary_json():
     three = stats.population_iqm([1.0, 2.0, 6.0])
     assert (three["iqm"], three["ci"], three["values"]) == (3.0, None, [1.0, 2.0, 6.0])
     assert stats.population_iqm([1.0, float("nan")])["iqm"] is None  # a diverged member
+    # members that are not independent samples (PBT, CEM-RL, DvD): the point value, its values, no interval
+    coupled = stats.population_iqm([4.0, 1.0, 3.0, 2.0], not_independent="members interact")
+    assert coupled == {"n": 4, "iqm": 2.5, "ci": None, "no_ci": "members interact", "values": [4.0, 1.0, 3.0, 2.0]}
