@@ -86,7 +86,10 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
         raise ConfigError(str(err)) from None
     driver_def = DRIVERS[config.driver]
     options = driver_def.parse_options(config)
-    if definition.specialize is not None:  # a static setting the run allows (TD3: a fixed policy delay)
+    # A static setting the run allows (TD3: a fixed policy delay). ``writes_back``: the source writes back for every
+    # learner; one that writes back only a refreshing learner's values (``keeps_refreshed``) serves learners whose
+    # step refreshes, which is known once made (ReF-ER: chunk 1, nothing to specialize).
+    if definition.specialize is not None:
         learner_config = definition.specialize(learner_config, hparams, config.updates_per_iter,
                                                options.searched_hparams(),
                                                exact_chunks=not SOURCES[config.buffer].writes_back)
