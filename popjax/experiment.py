@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from popjax import distributed
 from popjax.checkpoint import Checkpointer, CheckpointMismatch
 from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config
@@ -22,6 +24,7 @@ from popjax.envs import registry
 from popjax.envs.base import make_vec_env
 from popjax.envs.runner import HostRunner, JaxRunner
 from popjax.learners import LEARNERS
+from popjax.learners.base import declared_state_problem
 from popjax.loop import KeyPurpose, Loop, key_for
 from popjax.plots import learning_curves
 from popjax.population.hparams import Range, check_hparams, population_hparams
@@ -83,7 +86,10 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
         raise ConfigError(str(err)) from None
     driver_def = DRIVERS[config.driver]
     options = driver_def.parse_options(config)
-    if definition.specialize is not None:  # a static setting the run allows (TD3: a fixed policy delay)
+    # A static setting the run allows (TD3: a fixed policy delay). ``writes_back``: the source writes back for every
+    # learner; one that writes back only a refreshing learner's values (``keeps_refreshed``) serves learners whose
+    # step refreshes, which is known once made (ReF-ER: chunk 1, nothing to specialize).
+    if definition.specialize is not None:
         learner_config = definition.specialize(learner_config, hparams, config.updates_per_iter,
                                                options.searched_hparams(),
                                                exact_chunks=not SOURCES[config.buffer].writes_back)
@@ -91,6 +97,11 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
     if not isinstance(learner.step, definition.step_kind):  # a registry entry that contradicts its learner
         raise TypeError(f"learner {config.learner}: make returned a {type(learner.step).__name__}, its LearnerDef "
                         f"declares {definition.step_kind.__name__}")
+    if definition.policy_state or definition.optimizer_state:  # PBT's copy: policy / reset_optimizer act on them
+        first = jax.tree.map(lambda x: x[0], hparams)
+        state = jax.eval_shape(learner.init, key_for(config.seed, KeyPurpose.INIT), first)  # shapes only
+        if (why := declared_state_problem(definition, state)) is not None:
+            raise TypeError(f"learner {config.learner}: {why}")
     ctx = BuildContext(config=config, spec=spec, learner_def=definition, learner_config=learner_config,
                        learner=learner, hparams=hparams, members=Members(config.pop_size),
                        setup_key=key_for(config.seed, KeyPurpose.DRIVER_SETUP))

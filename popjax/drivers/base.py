@@ -248,6 +248,11 @@ class DriverOptions(Schema):
         """The hparams this driver changes during the run (PBT: its search space); none by default."""
         return frozenset()
 
+    def couples_members(self) -> bool:
+        """Whether these options make the members of a driver whose members are independent interact (HTS's
+        ``population: pbt``); no by default."""
+        return False
+
 
 class NoOptions(DriverOptions):
     """The options of a driver that takes none."""
@@ -293,6 +298,9 @@ class DriverDef:
       sources: the replay sources (the run's ``buffer``) it samples from; None: every registered one.
       shared_critic: whether it trains actors against one shared critic (CEM-RL, DvD): the learner must offer
         that population (``LearnerDef.shared_critic``).
+      independent_members: whether its members never interact (no copies, no shared parts), unless its options
+        couple them (``DriverOptions.couples_members``): only then is each member an independent sample, and
+        ``summary.json``'s ``final_iqm`` bootstraps over members.
     """
 
     name: str
@@ -304,6 +312,11 @@ class DriverDef:
     steps: tuple[type, ...] = (ReplayStep,)
     sources: tuple[str, ...] | None = ("uniform",)
     shared_critic: bool = False
+    independent_members: bool = False
+
+    def members_independent(self, options: DriverOptions) -> bool:
+        """Whether a run with these (validated) options has independent members (``independent_members``)."""
+        return self.independent_members and not options.couples_members()
 
     def accepts_step(self, kind: type) -> bool:
         return kind in self.steps

@@ -107,6 +107,9 @@ class HtsOptions(DriverOptions):
     def searched_hparams(self) -> frozenset[str]:
         return frozenset() if self._pbt is None else frozenset(self._pbt.space)
 
+    def couples_members(self) -> bool:
+        return self._pbt is not None
+
 
 @struct.dataclass
 class HtsState:
@@ -396,4 +399,4 @@ def hts_run_plots(run_dir) -> list:
 
 
 DEFINITION = DriverDef(name="hts", build=build, options=HtsOptions, plots=hts_run_plots, pmap=False,
-                       steps=(ReplayStep, RolloutStep))
+                       steps=(ReplayStep, RolloutStep), independent_members=True)
