@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from popjax import distributed
+from popjax import compile_cache, distributed
 from popjax.checkpoint import Checkpointer, CheckpointMismatch
 from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config
 from popjax.drivers import DRIVERS
@@ -119,7 +119,8 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
 
 
 def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest", overwrite: bool = False,
-          instrument: Callable[[str, Any], Callable] | None = None, **options: Any) -> Run:
+          instrument: Callable[[str, Any], Callable] | None = None, compile_cache: str | Path | None = None,
+          **options: Any) -> Run:
     """Trains a population and writes its run directory.
 
     Args:
@@ -130,6 +131,8 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
       overwrite: replace the run in ``out_dir`` (only popjax's own files are removed).
       instrument: optional ``(name, compiled) -> callable`` wrapping every compiled program of the run
         (``popjax.loop.Compiler``), to observe the loop from Python (e.g. time each call); not a run option.
+      compile_cache: JAX's persistent compilation cache: a folder, or ``"off"``; default
+        ``$POPJAX_COMPILE_CACHE``, else ``~/.cache/popjax/jax`` (``popjax.compile_cache``); not a run option.
       options: RunConfig fields, and ``preset`` (``"auto"``: fill the options not given from the
         tuned table of ``popjax.presets`` for known (learner, env) pairs; ``"none"``: bare defaults).
         A RunConfig passed as ``config`` is used as it is.
@@ -147,6 +150,7 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
         config = make_config(**{**config.to_dict(), **options})  # a RunConfig built directly is validated too
     out_dir = Path(out_dir)
     check_new_run(out_dir, overwrite)
+    _use_compile_cache(compile_cache, out_dir)
     loop = build(config, instrument=instrument)
     distributed.barrier("popjax-checked")  # every process has checked out_dir before process 0 writes
     run_dir = RunDir(out_dir, tensorboard=config.tensorboard, writes=distributed.is_writer())
@@ -157,7 +161,7 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
         return _finish(loop, *loop.initial_state())
 
 
-def resume(run_dir: str | Path, **overrides: Any) -> Run:
+def resume(run_dir: str | Path, *, compile_cache: str | Path | None = None, **overrides: Any) -> Run:
     """Continues a run (killed at any moment, or finished) from its newest usable checkpoint.
 
     The result equals an uninterrupted run with the same config: every random key is derived
@@ -179,6 +183,7 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
 
     Args:
       run_dir: a run directory written by ``train``.
+      compile_cache: as for ``train``.
       overrides: RunConfig fields to change (e.g. ``total_env_steps`` to extend a run,
         ``progress``).
     """
@@ -190,6 +195,7 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
         more = f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
         raise ConfigError(f"resume: {rd.metrics_path} {unreadable[0]}{more} cannot be read; repair or remove "
                           "those lines, then resume; nothing was changed")
+    _use_compile_cache(compile_cache, rd.path)
     loop = build(config)
     distributed.barrier("popjax-read")  # every process has read the run before process 0 changes it
     rd.tensorboard, rd.writes = config.tensorboard, distributed.is_writer()
@@ -260,6 +266,13 @@ def _check_fits(config: RunConfig, saved: dict[str, Any], path: Path, checkpoint
         detail = "; ".join(f"{n}: {current.get(n)!r} vs {saved.get(n)!r} in the checkpoints" for n in differ)
         raise ConfigError(f"resume: the configuration of {path} differs from the run's checkpoints ({detail}); "
                           f"only {', '.join(CHANGEABLE_ON_RESUME)} may change; nothing was changed")
+
+
+def _use_compile_cache(setting: str | Path | None, run_dir: Path) -> None:
+    try:
+        compile_cache.enable(setting, run_dir)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _check_processes(config: RunConfig) -> None:
