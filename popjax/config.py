@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from popjax import schema
-from popjax.registry import DRIVERS, LEARNERS, SOURCES
+from popjax.registry import DRIVERS, LEARNERS, LOGGERS, SOURCES
 from popjax.schema import (
     INT32_MAX,
     AnyMapping,
@@ -33,13 +33,14 @@ from popjax.schema import (
     Invalid,
     Kind,
     OneOf,
+    SomeOf,
     fail,
     show,
     validate,
 )
 
 __all__ = ["ConfigError", "PARALLEL_MODES", "RunConfig", "check_memory", "check_options", "make_config",
-           "make_learner_config"]
+           "make_learner_config", "saved_options"]
 
 PARALLEL_MODES = ("sharding", "pmap")
 MAX_STEPS = 2**30  # env steps per member: int32 counters (plus one iteration) never overflow
@@ -56,6 +57,10 @@ def _sources() -> tuple[str, ...]:
 
 def _drivers() -> tuple[str, ...]:
     return tuple(DRIVERS)
+
+
+def _loggers() -> tuple[str, ...]:
+    return tuple(LOGGERS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +147,9 @@ class RunConfig:
     checkpoint_interval: Int(ge=0, le=MAX_STEPS) = Field(
         0, description="env steps per member between checkpoints; 0 = at evaluations only")
     progress: Bool = Field(True, description="show progress: a bar on a terminal, complete lines in a log or file")
-    tensorboard: Bool = Field(False, description="also write every metric to <run_dir>/tensorboard/")
+    logger: SomeOf(_loggers) = Field(
+        (), description="where every metric also goes: tensorboard (<run_dir>/tensorboard/), wandb (one Weights & "
+        "Biases run per population: members' curves and hparams, PBT's exploits; pip install 'popjax[wandb]')")
 
     @model_validator(mode="after")
     def _check(self):
@@ -169,6 +176,15 @@ class RunConfig:
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "driver_options"}
         out.update({name: _plain(block) for name, block in self.driver_options.items()})
         return out
+
+
+def saved_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved configuration (a run's config.yaml, a checkpoint's) in today's options: runs written before
+    ``logger`` existed say ``tensorboard: true`` (now ``logger: [tensorboard]``) or ``tensorboard: false``."""
+    options = dict(options)
+    if isinstance(options.get("tensorboard"), bool) and "logger" not in options:
+        options["logger"] = ["tensorboard"] if options.pop("tensorboard") else []
+    return options
 
 
 def _plain(value):
