@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from popjax import schema
+from popjax.precision import MATMUL_PRECISIONS
 from popjax.registry import DRIVERS, LEARNERS, LOGGERS, SOURCES
 from popjax.schema import (
     INT32_MAX,
@@ -150,6 +151,10 @@ class RunConfig:
     logger: SomeOf(_loggers) = Field(
         (), description="where every metric also goes: tensorboard (<run_dir>/tensorboard/), wandb (one Weights & "
         "Biases run per population: members' curves and hparams, PBT's exploits; pip install 'popjax[wandb]')")
+    matmul_precision: OneOf(MATMUL_PRECISIONS) = Field(
+        "default", description="arithmetic of every matrix product and convolution the run compiles: default (JAX's: "
+        "TF32 on a recent NVIDIA GPU, float32 on a CPU), tf32, highest (full float32) or bf16 (bfloat16 operands, "
+        "float32 accumulation, float32 parameters and optimizer); see docs/gpu.md")
 
     @model_validator(mode="after")
     def _check(self):

@@ -209,18 +209,23 @@ def test_a_bench_study_that_times_nothing_exits_1_with_one_line(tmp_path, monkey
     assert cli.main(argv) == 0  # one timed point is a result
 
 
-def test_bench_update_memory_fit_is_opt_in():
-    """The memory-fit search (about a minute) runs only with --memory-fit; --no-memory-fit is gone."""
+@pytest.mark.parametrize("study", ["update", "accelerator"])
+def test_bench_memory_fit_has_one_spelling_in_every_study(study):
+    """The memory-fit search is `--memory-fit` / `--no-memory-fit` in both studies that have it (it was
+    `--memory-fit` in `update` and `--no-memory-fit` in `accelerator`); off unless asked for."""
     pytest.importorskip("popjax_bench")
-    from popjax_bench import update
+    from popjax_bench import options_class
     from popjax_bench.options import from_namespace
 
     parser = cli.build_parser()
-    assert from_namespace(update.Options, parser.parse_args(["bench", "update"])).memory_fit is False
-    assert from_namespace(update.Options, parser.parse_args(["bench", "update", "--memory-fit"])).memory_fit is True
-    assert update.Options().memory_fit is False
+    options = options_class(study)
+    given = lambda *flags: from_namespace(options, parser.parse_args(["bench", study, *flags])).memory_fit
+    assert given() is False and options().memory_fit is False
+    assert given("--memory-fit") is True
+    assert given("--no-memory-fit") is False
+    assert given("--memory-fit", "--no-memory-fit") is False  # the last one given wins
     with pytest.raises(SystemExit):
-        parser.parse_args(["bench", "update", "--no-memory-fit"])
+        parser.parse_args(["bench", study, "--memory-fit=yes"])
 
 
 def test_bench_devices_that_split_no_population_are_one_line_and_nothing_runs(tmp_path, monkeypatch, capsys):

@@ -70,6 +70,12 @@ def switch(default: bool, help: str, *, flag: str) -> Any:
     return _field(default, help, SWITCH, flag)
 
 
+def toggle(default: bool, help: str, *, flag: str) -> Any:
+    """A boolean with both spellings, ``flag`` and ``--no-`` + its name (``--memory-fit`` / ``--no-memory-fit``),
+    whatever the study's default: an option several studies share is spelled the same in all of them."""
+    return _field(default, help, SWITCH, flag, paired=True)
+
+
 # --- options several studies have ------------------------------------------------------------------------
 def repeats() -> Any:
     return integer(10, "minimum timed calls per point, K-step calls included (at least 10)", ge=10)
@@ -82,6 +88,13 @@ def min_time() -> Any:
 def max_seconds(default: float = 120.0) -> Any:
     return number(default, "per-point budget: a larger N whose estimated time (warm-up and timed calls) exceeds "
                            "it is skipped and recorded as skipped")
+
+
+def memory_fit(default: bool) -> Any:
+    """``--memory-fit`` / ``--no-memory-fit`` (``update`` and ``accelerator``)."""
+    return toggle(default, "search the largest population whose compiled K-step update fits in the device's memory "
+                  "(compiles one program per size tried: about a minute on a CPU, minutes on a GPU)",
+                  flag="--memory-fit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,8 +286,13 @@ def add_to_parser(parser: argparse.ArgumentParser, cls: type[BaseOptions]) -> No
         meta = f.metadata
         help_text = meta.get("help", "").replace("%", "%%")
         if meta.get("kind") == SWITCH:
-            parser.add_argument(flag_of(f), dest=f.name, action="store_false" if f.default else "store_true",
-                                default=argparse.SUPPRESS, help=help_text)
+            if meta.get("paired"):
+                parser.add_argument(flag_of(f), dest=f.name, action=argparse.BooleanOptionalAction,
+                                    default=argparse.SUPPRESS, help=f"{help_text} (default: "
+                                    f"{flag_of(f) if f.default else '--no-' + flag_of(f)[2:]})")
+            else:
+                parser.add_argument(flag_of(f), dest=f.name, action="store_false" if f.default else "store_true",
+                                    default=argparse.SUPPRESS, help=help_text)
             continue
         shown = "" if f.default is None and "default" in help_text else f" (default: {_shown(f.default)})"
         parser.add_argument(flag_of(f), dest=f.name, default=argparse.SUPPRESS, help=help_text + shown)

@@ -14,13 +14,15 @@ real start transitions (by priority ``p^alpha`` with importance weights, or unif
    ``(s_j, a_j, r_j, s'_j)`` with the weights ``w_j`` as the next segment of D_model, fits pi_psi on the new
    ``(s_j, a_j)`` for ``psi_epochs`` Adam steps (online), computes the new priorities by Eq. 3.7 and runs
    ``policy_updates`` G SAC updates, each on a batch of ``sac_batch`` rows of one segment, the segment's weights
-   in the Q loss only (``sac.sac_core``'s critic loss; the actor and temperature losses are unweighted);
+   in the Q loss only (the SAC core's critic loss; the actor and temperature losses are unweighted);
 3. returns the priorities ``p_j = sum_d (a_jd - mu_d(s_j))^2 / (2 sigma_d(s_j)^2)`` as the step's per-sample
    values, which the prioritized source writes back as ``(p + eps)^alpha`` for the just-sampled rows only.
 
 popjax's choices (the thesis gives none of them): the model type (``popjax.networks.dynamics``), M, G, the epochs,
-the learning rates, that rollouts take the mean of one ensemble member drawn per row and a predicted termination,
-and that the importance weights are normalised by the max over each start-state batch (Alg. 2's ``max w``; one
+the learning rates, that rollouts take the mean of one ensemble member drawn per row, that a rollout ends where
+the task's known rule says so (``termination: known``, MBPO's practice, ``popjax.envs.terminations``; ``learned``
+cuts the ensemble's termination logit at 0), that SAC starts from the member's key itself (so ``sac`` and
+``memr_sac`` runs of a seed start from the same networks), and that the importance weights are normalised by the max over each start-state batch (Alg. 2's ``max w``; one
 batch = one segment). New real rows enter the tree with the largest priority so far (the source's rule), not with
 their Eq. 3.7 priority; the chunk's H batches are drawn before the chunk, so priorities lag by up to H - 1
 samplings (the relaxation ``popjax.drivers.replay`` documents, measured harmless in Ch. 4). With ``start_states:
@@ -41,7 +43,9 @@ from pydantic import Field
 from popjax import schema
 from popjax.buffers.segmented import SegmentedState, segmented_init, segmented_sample, segmented_write
 from popjax.config import ConfigError
+from popjax.envs.terminations import KNOWN_TERMINATIONS, known_termination
 from popjax.learners import sac
+from popjax.learners.actor_critic import Core
 from popjax.learners.base import (
     MUJOCO_V5,
     BatchSize,
@@ -55,12 +59,13 @@ from popjax.learners.base import (
 )
 from popjax.networks.dynamics import GaussianEnsemble, gaussian_nll, model_nll, predict
 from popjax.networks.mlp import GaussianActor
-from popjax.population.hparams import hparam
+from popjax.population.hparams import extend, hparam, restrict
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.schema import problem
 from popjax.types import EnvSpec, Key, PyTree, Transition, dummy_transition
 
 START_STATES = ("prioritized", "uniform")
+TERMINATIONS = ("known", "learned")
 
 
 @schema.dataclass
@@ -82,6 +87,9 @@ class MEMRConfig:
     policy_updates: schema.Int(ge=1, le=1000) = Field(1, description="SAC updates G per env step")
     sac_batch: BatchSize = Field(256, description="model rollouts per SAC update, drawn from one segment")
     batch_size: BatchSize = Field(256, description="start states M per env step (the run's batch_size)")
+    termination: schema.OneOf(TERMINATIONS) = Field(
+        "known", description="whether a model rollout ends the episode: the task's known rule on the predicted next "
+        "state (popjax.envs.terminations; MBPO's practice) or the ensemble's learned termination logit")
     buffer: str = Field("prioritized", description="the run's buffer")
     update_ratio: schema.Float(gt=0) = Field(1.0, description="the run's update_ratio")
 
@@ -131,14 +139,7 @@ class MEMRState:
 def default_hparams(config: MEMRConfig | None = None) -> MEMRHParams:
     """SAC's reference defaults; model and pi_psi learning rates 1e-3 (popjax's choice, as MBPO's model)."""
     del config
-    base = sac.default_hparams(None)
-    return MEMRHParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, model_lr=scalar(1e-3),
-                       psi_lr=scalar(1e-3))
-
-
-def sac_hparams(hp: MEMRHParams) -> sac.SACHParams:
-    """The SAC part of MEMR's hparams."""
-    return sac.SACHParams(**{f: getattr(hp, f) for f in sac.SACHParams.__dataclass_fields__})
+    return extend(sac.default_hparams(None), MEMRHParams, model_lr=scalar(1e-3), psi_lr=scalar(1e-3))
 
 
 def entropy_priority(action: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
@@ -150,7 +151,7 @@ def entropy_priority(action: jax.Array, mean: jax.Array, log_std: jax.Array) -> 
 class MEMRCore(NamedTuple):
     """MEMR's functions (``make_memr`` builds the learner from them; tests call the pieces)."""
 
-    sac: sac.SACCore
+    sac: Core
     model_net: GaussianEnsemble
     psi_net: GaussianActor
     init: Callable  # (key, hp) -> MEMRState
@@ -165,8 +166,19 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
     psi_net = GaussianActor(config.psi_hidden, spec.action_dim)
     rows = config.batch_size
 
+    known = known_termination(spec.name) if config.termination == "known" else None
+    if config.termination == "known" and known is None:
+        raise ValueError(f"memr_core: no known termination rule for {spec.name} (check_run refuses such runs)")
+
+    def rollout_step(params, key, obs, action):
+        next_obs, reward, terminated = predict(model_net, params, key, obs, action)
+        if known is not None:
+            terminated = known(next_obs).astype(jnp.float32)
+        return next_obs, reward, terminated
+
     def init(key: Key, hparams: MEMRHParams) -> MEMRState:
-        key_sac, key_model, key_psi = jax.random.split(key, 3)
+        # SAC starts from the key the ``sac`` learner uses, so the two arms of a seed start from the same networks.
+        key_sac, key_model, key_psi = key, jax.random.fold_in(key, 1), jax.random.fold_in(key, 2)
         obs = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
         model = model_net.init(key_model, jnp.zeros((1, spec.obs_shape[0] + spec.action_dim), jnp.float32))
         psi = psi_net.init(key_psi, obs)
@@ -212,20 +224,20 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
         """One env step's worth of Algorithm 2 on the start transitions ``batch [M]``; also their new priorities."""
         key_action, key_model, key_sac = jax.random.split(key, 3)
         obs = batch.obs
-        action, _ = core.sample(key_action, state.sac.actor, obs)
-        next_obs, reward, terminated = predict(model_net, state.model, key_model, obs, action)
+        action, _ = sac.sample_action(core.actor_net, key_action, state.sac.actor, obs)
+        next_obs, reward, terminated = rollout_step(state.model, key_model, obs, action)
         rollout = Transition(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated)
         rollouts = segmented_write(state.rollouts, rollout, weights)
         psi, psi_opt, psi_loss = fit_psi(state.psi, state.psi_opt, obs, action, hp.psi_lr)
         mean, log_std = psi_net.apply(psi, obs)
         priority = entropy_priority(action, mean, log_std)
 
-        sac_hp = sac_hparams(hp)
+        sac_hp = restrict(hp, sac.SACHParams)
 
         def policy_update(sac_state, k):
             k_sample, k_update = jax.random.split(k)
             model_batch, w, _ = segmented_sample(k_sample, rollouts, config.sac_batch)
-            sac_state, metrics, _ = core.update_weighted(k_update, sac_state, model_batch, w, sac_hp)
+            sac_state, metrics, _ = core.update(k_update, sac_state, model_batch, w, sac_hp)
             return sac_state, metrics
 
         sac_state, metrics = jax.lax.scan(policy_update, state.sac,
@@ -264,9 +276,12 @@ def make_memr(config: MEMRConfig, spec: EnvSpec) -> Learner:
 
 
 def check_run(config: MEMRConfig, spec: EnvSpec) -> tuple[str, str] | None:
-    """``LearnerDef.check_env``: the start states must come from the source that draws them (checked when the run
-    is built, so every option alone, and the learner's defaults, stay valid run options)."""
-    del spec
+    """``LearnerDef.check_env``: the start states must come from the source that draws them, and a known
+    termination needs the task's rule (checked when the run is built, so every option alone, and the learner's
+    defaults, stay valid run options)."""
+    if config.termination == "known" and known_termination(spec.name) is None:
+        return "termination", (f"popjax knows no termination rule for {spec.name} (allowed: known for "
+                               f"{', '.join(KNOWN_TERMINATIONS)}; learned for any task)")
     if config.buffer != config.start_states:
         return "start_states", (f"{config.start_states} start states are drawn by buffer: {config.start_states}, got "
                                 f"buffer: {config.buffer} (give buffer: {config.start_states}, or start_states: "
