@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--learner-config", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                        help="static learner option, e.g. hidden=[64,64] (repeatable; keys below)")
     train.add_argument("--set", action="append", type=_key_value, default=[], metavar="OPTION=VALUE",
-                       help="any other option, e.g. tensorboard=true or pbt={interval: 5000} (repeatable; "
+                       help="any other option, e.g. logger=[tensorboard,wandb] or pbt={interval: 5000} (repeatable; "
                        "options and driver blocks below)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     train.add_argument("--preset", default=None, choices=("auto", "none"),

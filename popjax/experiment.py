@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import jax
 
 from popjax import compile_cache, distributed
 from popjax.checkpoint import Checkpointer, CheckpointMismatch
-from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config
+from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config, saved_options
 from popjax.drivers import DRIVERS
 from popjax.drivers.base import BuildContext, OwnInteraction, Rollout
 from popjax.envs import registry
@@ -25,6 +26,7 @@ from popjax.envs.base import make_vec_env
 from popjax.envs.runner import HostRunner, JaxRunner
 from popjax.learners import LEARNERS
 from popjax.learners.base import declared_state_problem
+from popjax.loggers import check_installed, close_loggers, open_loggers
 from popjax.loop import KeyPurpose, Loop, key_for
 from popjax.plots import learning_curves
 from popjax.population.hparams import Range, check_hparams, population_hparams
@@ -118,13 +120,14 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
     return Loop(config, driver, local, runner, placement, instrument=instrument)
 
 
-def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest", overwrite: bool = False,
-          instrument: Callable[[str, Any], Callable] | None = None, compile_cache: str | Path | None = None,
-          **options: Any) -> Run:
+def train(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str | Path = "runs/latest",
+          overwrite: bool = False, instrument: Callable[[str, Any], Callable] | None = None,
+          compile_cache: str | Path | None = None, **options: Any) -> Run:
     """Trains a population and writes its run directory.
 
     Args:
-      config: a RunConfig; or pass its fields as keyword options
+      config: a RunConfig, or a mapping of options as in a config file (checked like one; keyword options
+        override it); or pass the fields as keyword options
         (``learner="td3", env="gym:Pendulum-v1", pop_size=8, total_env_steps=200_000, ...``).
       out_dir: the run directory (config.yaml, metrics.csv, summary.json, plots/): a new or
         empty directory, or with ``overwrite`` a run directory popjax created.
@@ -144,21 +147,43 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
       ConfigError: invalid options or an unusable ``out_dir``, raised before anything is written
         or compiled.
     """
-    if config is None:
-        config = make_config(**apply_preset(options))
-    else:
+    if isinstance(config, RunConfig):
         config = make_config(**{**config.to_dict(), **options})  # a RunConfig built directly is validated too
-    out_dir = Path(out_dir)
+    else:
+        config = make_config(**apply_preset({**_options_mapping(config), **options}))
+    out_dir = _directory(out_dir)
     check_new_run(out_dir, overwrite)
+    check_installed(config.logger)
     _use_compile_cache(compile_cache, out_dir)
     loop = build(config, instrument=instrument)
     distributed.barrier("popjax-checked")  # every process has checked out_dir before process 0 writes
-    run_dir = RunDir(out_dir, tensorboard=config.tensorboard, writes=distributed.is_writer())
+    run_dir = RunDir(out_dir, writes=distributed.is_writer())
     with _writer_lock(out_dir):
         run_dir.start()
         run_dir.write_config(config.to_dict())
         loop.run_dir, loop.checkpointer = run_dir, _checkpointer(run_dir)
         return _finish(loop, *loop.initial_state())
+
+
+def _options_mapping(config: Any) -> dict[str, Any]:
+    """``train``'s first argument when it is not a RunConfig: None or a mapping of options named by strings."""
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config: expected a RunConfig or a mapping of options (as in a config file), got "
+                          f"{type(config).__name__}")
+    for key in config:
+        if not isinstance(key, str):
+            raise ConfigError(f"config: option names are strings, got {key!r}")
+    return dict(config)
+
+
+def _directory(path: Any) -> Path:
+    """A run directory argument as a Path; anything but a str or os.PathLike is a one-line ConfigError."""
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"out_dir: expected a directory path (a str or os.PathLike), got {type(path).__name__} "
+                          f"{path!r}")
+    return Path(path)
 
 
 def resume(run_dir: str | Path, *, compile_cache: str | Path | None = None, **overrides: Any) -> Run:
@@ -190,6 +215,7 @@ def resume(run_dir: str | Path, *, compile_cache: str | Path | None = None, **ov
     rd = RunDir(run_dir)
     config = make_config(**{**rd.read_config(), **overrides})
     rd.check_layout()
+    check_installed(config.logger)
     unreadable = rd.scan_metrics()[1]
     if unreadable:  # rows popjax did not write that way: never dropped or rewritten silently
         more = f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
@@ -198,7 +224,7 @@ def resume(run_dir: str | Path, *, compile_cache: str | Path | None = None, **ov
     _use_compile_cache(compile_cache, rd.path)
     loop = build(config)
     distributed.barrier("popjax-read")  # every process has read the run before process 0 changes it
-    rd.tensorboard, rd.writes = config.tensorboard, distributed.is_writer()
+    rd.writes = distributed.is_writer()
     with _writer_lock(rd.path):
         loop.run_dir, loop.checkpointer = rd, _checkpointer(rd)
         meta = loop.checkpointer.latest_meta()
@@ -219,15 +245,31 @@ def resume(run_dir: str | Path, *, compile_cache: str | Path | None = None, **ov
         if restored is None:  # killed before the first checkpoint: start over (rows without a checkpoint go)
             rd.truncate_metrics(-1)
             restored = loop.initial_state()
-        elif loop.counters(restored[0])[0] >= config.total_env_steps and (rd.path / "summary.json").exists():
+        elif (steps := loop.counters(restored[0])[0]) >= config.total_env_steps and (rd.path / "summary.json").exists():
             loop.checkpointer.close()
+            _check_finished_metrics(rd, steps, config)
             return Run(rd.path, rd.read_summary(), restored[0])  # finished: nothing to do, nothing written
         else:
+            if not rd.metrics_path.exists() and loop.history:  # rows were logged at evaluations
+                warnings.warn(f"resume: {rd.metrics_path} is missing: the rows up to {steps} env steps are lost; "
+                              "the run continues and logs the rows from there", RuntimeWarning, stacklevel=2)
             rd.drop_partial_metrics_row()
             rd.truncate_metrics(loop.counters(restored[0])[0])
         if overrides:
             rd.write_config(config.to_dict())
         return _finish(loop, *restored)
+
+
+def _check_finished_metrics(rd: RunDir, env_steps: int, config: RunConfig) -> None:
+    """A finished run whose metrics.csv lost rows of its final evaluation (cut, or the file deleted): a one-line
+    ConfigError saying what is missing and that resume changed nothing (retraining would be needed to log the rows
+    again, and on the gymnasium path it would not reproduce them)."""
+    missing = rd.missing_final_rows(env_steps, config.pop_size)
+    if missing is not None:
+        raise ConfigError(f"resume: {rd.path} is finished ({env_steps} of {config.total_env_steps} env steps) but "
+                          f"{missing}; resume trained nothing and changed nothing (summary.json holds the final "
+                          f"returns); to log the rows again, rerun it: popjax train --config {rd.path / 'config.yaml'} "
+                          f"--out {rd.path} --overwrite")
 
 
 def load(run_dir: str | Path) -> Run:
@@ -251,14 +293,14 @@ def load(run_dir: str | Path) -> Run:
 # RunConfig fields a resume may change: they set the budget, cadence and placement, not what the
 # checkpointed state means.
 CHANGEABLE_ON_RESUME = ("total_env_steps", "eval_interval", "eval_episodes", "checkpoint_interval", "progress",
-                        "tensorboard", "devices", "parallel")  # not overlap: it changes which params act
+                        "logger", "devices", "parallel")  # not overlap: it changes which params act
 
 
 def _check_fits(config: RunConfig, saved: dict[str, Any], path: Path, checkpointer: Checkpointer) -> None:
     """A one-line ConfigError naming every field (besides ``CHANGEABLE_ON_RESUME``) that differs from the
     config the checkpoints were written with (config.yaml edited, cut, or overridden)."""
     current = config.to_dict()
-    saved = make_config(**saved).to_dict()  # the same normal form
+    saved = make_config(**saved_options(saved)).to_dict()  # the same normal form
     names = sorted(set(current) | set(saved))
     differ = [n for n in names if n not in CHANGEABLE_ON_RESUME and current.get(n, {}) != saved.get(n, {})]
     if differ:
@@ -400,6 +442,8 @@ def _checkpointer(run_dir: RunDir) -> Checkpointer:
 
 def _finish(loop: Loop, state, env_state) -> Run:
     try:
+        if loop.run_dir.writes:  # the run's loggers (``logger``), opened by the process that writes the run
+            loop.run_dir.loggers = open_loggers(loop.config.logger, loop.run_dir.path, loop.config.to_dict())
         state = loop.run(state, env_state)
         steps = loop.checkpointer.steps()
         if not steps or steps[-1] != loop.iteration:
@@ -407,8 +451,11 @@ def _finish(loop: Loop, state, env_state) -> Run:
         loop.checkpointer.close()
         summary = loop.summary(state)
         loop.run_dir.write_summary(summary)
-        for name, rows in loop.driver.host.tables(state).items():
+        tables = loop.driver.host.tables(state)
+        for name, rows in tables.items():
             loop.run_dir.write_table(name, rows)
+        for logger in loop.run_dir.loggers:
+            logger.finish(summary, tables)
         if loop.run_dir.writes:
             try:
                 plot_run(loop.run_dir.path)
@@ -416,6 +463,8 @@ def _finish(loop: Loop, state, env_state) -> Run:
                 warnings.warn(f"{err}; the run's data is complete (`popjax plot {loop.run_dir.path}` redraws)",
                               RuntimeWarning, stacklevel=2)
     finally:
+        close_loggers(loop.run_dir.loggers)
+        loop.run_dir.loggers = []
         if isinstance(loop.driver.interaction, OwnInteraction):  # its threads and envs
             loop.driver.interaction.close()
         if not loop.runner.jax_path:
