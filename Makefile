@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: install run test test-slow test-processes lint bench bench-accelerator results clean
+.PHONY: install run test test-slow test-processes lint docs bench bench-accelerator results clean
 
 $(STAMP): pyproject.toml benchmarks/pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ test-processes: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check popjax tests benchmarks experiments
+
+# The user guide (docs/, mkdocs.yml): the option reference regenerated from the schema, then the site built into
+# site/ with every link and anchor checked (tests/test_docs.py runs the same build and every documented command).
+docs: $(STAMP)
+	$(BIN)/python tests/docs_reference.py
+	$(BIN)/mkdocs build --strict
 
 # The fast-PBT speed studies at sizes that fit a 2-core CPU in about 70 minutes (quiet machine: ~52 min of
 # measurement, ~8 min of waiting between studies, see below); each writes
@@ -94,4 +100,4 @@ bench-accelerator: $(STAMP)
 	$(BENCH) report
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site
