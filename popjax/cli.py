@@ -26,6 +26,7 @@ _FLAGS = {
     "update_ratio": "update_ratio", "warmup": "warmup_steps", "batch_size": "batch_size",
     "buffer_size": "buffer_size", "eval_interval": "eval_interval", "eval_episodes": "eval_episodes",
     "devices": "devices", "parallel": "parallel", "overlap": "overlap", "checkpoint_interval": "checkpoint_interval",
+    "matmul_precision": "matmul_precision",
 }
 
 
@@ -350,13 +351,16 @@ def _load_yaml(path: Path, flag: str = "--config") -> dict[str, Any]:
     return data
 
 
+_NAMED = ("env", "learner", "driver", "parallel", "matmul_precision")  # taken as written, not read as YAML
+
+
 def train_options(args: argparse.Namespace) -> dict[str, Any]:
     """Merges --config, flags, --hparam, --learner-config and --set into RunConfig options."""
     options = _load_yaml(args.config) if args.config else {}
     for flag, field in _FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
-            options[field] = _yaml_value(field, value) if field not in ("env", "learner", "driver", "parallel") \
+            options[field] = _yaml_value(field, value) if field not in _NAMED \
                 else value
     for key, pairs in (("hparams", args.hparam), ("learner_config", args.learner_config)):
         if pairs:

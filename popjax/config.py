@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from popjax import schema
+from popjax.precision import MATMUL_PRECISIONS
 from popjax.registry import DRIVERS, LEARNERS, SOURCES
 from popjax.schema import (
     INT32_MAX,
@@ -143,6 +144,10 @@ class RunConfig:
         0, description="env steps per member between checkpoints; 0 = at evaluations only")
     progress: Bool = Field(True, description="show progress: a bar on a terminal, complete lines in a log or file")
     tensorboard: Bool = Field(False, description="also write every metric to <run_dir>/tensorboard/")
+    matmul_precision: OneOf(MATMUL_PRECISIONS) = Field(
+        "default", description="arithmetic of every matrix product and convolution the run compiles: default (JAX's: "
+        "TF32 on a recent NVIDIA GPU, float32 on a CPU), tf32, highest (full float32) or bf16 (bfloat16 operands, "
+        "float32 accumulation, float32 parameters and optimizer); see docs/gpu.md")
 
     @model_validator(mode="after")
     def _check(self):

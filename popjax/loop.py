@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from popjax import stats
+from popjax import precision, stats
 from popjax.config import RunConfig, make_learner_config
 from popjax.distributed import fetch, gather_rows, is_writer, processes
 from popjax.drivers.base import Driver, Episodes, InteractionFailed, OwnInteraction, Rollout
@@ -66,11 +66,13 @@ class Compiler:
     ``traces`` counts how often each program was traced (a retrace would be a bug: hparams and
     counters are traced values). ``instrument``, an optional ``(name, compiled) -> callable``, wraps
     every compiled program handed out (to observe the loop, e.g. time each call); without it the
-    compiled programs are handed out as they are.
+    compiled programs are handed out as they are. ``matmul_precision`` (``popjax.precision``) is the
+    arithmetic of every matrix product of every program.
     """
 
-    def __init__(self, instrument: Callable[[str, Any], Callable] | None = None):
+    def __init__(self, instrument: Callable[[str, Any], Callable] | None = None, matmul_precision: str = "default"):
         self.instrument = instrument
+        self.matmul_precision = precision.check(matmul_precision)
         self.compile_s = 0.0
         self.traces: Counter[str] = Counter()
         self._programs: dict[str, Any] = {}
@@ -83,7 +85,8 @@ class Compiler:
                 return fn(*a)
 
             start = time.perf_counter()
-            jitted = jax.jit(counted, donate_argnums=donate, out_shardings=out_shardings)
+            jitted = jax.jit(precision.apply(counted, self.matmul_precision), donate_argnums=donate,
+                             out_shardings=out_shardings)
             self._programs[name] = jitted.lower(*args).compile()
             self.compile_s += time.perf_counter() - start
         program = self._programs[name]
@@ -113,7 +116,7 @@ class Loop:
         self.runner = runner
         self.placement = placement
         self.run_dir = run_dir
-        self.compiler = Compiler(instrument)
+        self.compiler = Compiler(instrument, config.matmul_precision)
         self.iteration = 0
         self.wall_s = 0.0
         self.history: list[np.ndarray] = []  # eval returns per evaluation
@@ -415,6 +418,7 @@ class Loop:
             "learner": cfg.learner, "env": cfg.env, "driver": cfg.driver, "pop_size": cfg.pop_size,
             "seed": cfg.seed, "env_steps": env_steps, "updates": updates,
             "wall_s": round(self.wall_s, 3), "compile_s": round(self.compiler.compile_s, 3),
+            "matmul_precision": cfg.matmul_precision, "matmul_arithmetic": precision.arithmetic(cfg.matmul_precision),
             "best_return": best, "final_returns": [float(r) for r in final],
             "final_iqm": stats.population_iqm(final),  # over members, with its bootstrap CI (4+ members)
             **self.driver.host.summary(state),

@@ -15,7 +15,8 @@ PACKAGE = Path(popjax.__file__).parent
 
 # Lowest first; a module belongs to the first entry that is it or a package above it.
 LAYERS = [
-    ("popjax.types", "popjax.schema", "popjax.registry", "popjax.progress", "popjax.plots", "popjax.stats"),
+    ("popjax.types", "popjax.schema", "popjax.registry", "popjax.progress", "popjax.plots", "popjax.stats",
+     "popjax.precision"),
     ("popjax.distributed", "popjax.population", "popjax.networks"),
     ("popjax.buffers", "popjax.envs"),
     ("popjax.config", "popjax.rundir", "popjax.checkpoint"),

@@ -22,7 +22,9 @@ from popjax import cli
 from popjax.buffers.prioritized import importance_weights, make_prioritized_buffer
 from popjax.buffers.segmented import segmented_init, segmented_sample, segmented_write
 from popjax.config import ConfigError, make_config
-from popjax.learners.memr import MEMRConfig, default_hparams, entropy_priority, make_memr, memr_core, sac_hparams
+from popjax.learners.memr import MEMRConfig, default_hparams, entropy_priority, make_memr, memr_core
+from popjax.learners.sac import SACHParams
+from popjax.population.hparams import restrict
 from popjax.networks.dynamics import model_nll
 from popjax.population.tree import member, stack
 from popjax.types import EnvSpec, Transition
@@ -209,8 +211,7 @@ def test_m3_weights_change_the_q_gradient_never_the_policy_gradient():
     # A full SAC update with a frozen critic (lr 0): the actor and temperature steps are bit-identical whatever the
     # weights, while the weighted Q loss differs.
     frozen = hp.replace(critic_lr=jnp.float32(0.0))
-    update = jax.jit(lambda w: core.sac.update_weighted(jax.random.key(2), state.sac, batch, w,
-                                                        sac_hparams(frozen)))
+    update = jax.jit(lambda w: core.sac.update(jax.random.key(2), state.sac, batch, w, restrict(frozen, SACHParams)))
     (s1, m1, _), (s2, m2, _) = update(w1), update(w2)
     assert_trees_equal((s1.actor, s1.log_alpha, s1.critic), (s2.actor, s2.log_alpha, s2.critic))
     assert float(m1["critic_loss"]) != float(m2["critic_loss"])

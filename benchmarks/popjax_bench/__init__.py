@@ -200,6 +200,7 @@ def check_args(args: argparse.Namespace):
         return options
     from popjax_bench import common
 
+    options.check_split()  # a device count no population divides: refused before anything is written
     json_path, png_path = common.output_paths(options.out_dir, study)
     _writable("--out", json_path)
     if options.plot:

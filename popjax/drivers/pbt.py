@@ -738,9 +738,19 @@ def with_pbt(build_inner: Callable[[BuildContext], Driver], config: PBTConfig,
             after_eval=lambda key, state, returns: pbt_after_eval(key, state, returns, config, total, carried,
                                                                   inner.on_replace),
             host=PBTHost(inner.host, config, ctx.config.seed),
-            set_hparams=lambda state, hparams: state.replace(hparams=hparams))
+            set_hparams=lambda state, hparams: write_hparams(state, hparams, inner.on_replace))
 
     return build
+
+
+def write_hparams(state, hparams, on_replace: Callable | None = None):
+    """``state`` with the host's ``hparams`` (PB2's proposals), and ``on_replace`` re-run for every member whose
+    hparams changed: what a member derives from its learner state may depend on them (ReF-ER's ratios on TD3's
+    sigma), and the round ran it with the parent's hparams, before the host proposed."""
+    old, new = jax.tree.leaves(state.hparams), jax.tree.leaves(hparams)
+    changed = [(a != b).reshape(a.shape[0], -1).any(axis=1) for a, b in zip(old, new, strict=True)]
+    state = state.replace(hparams=hparams)
+    return state if on_replace is None else on_replace(state, jnp.any(jnp.stack(changed), axis=0))
 
 
 def build(ctx: BuildContext, options: PBTOptions) -> Driver:

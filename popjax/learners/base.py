@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from popjax.population.tree import member
 from popjax.schema import Int, Number, NumberList
 from popjax.types import EnvSpec, Key, Metrics, PyTree
 
@@ -116,16 +117,21 @@ class Learner(NamedTuple):
     shrink: ReplayShrink | None = None
 
 
+def one_step_chunk(update: Callable) -> Callable:
+    """A chunk-1 ``ReplayStep.update`` from a one-step ``update(key, state, batch, weights [B] | None, hparams) ->
+    (state, metrics, values [B] | None)``."""
+
+    def chunk(keys, state, batches, weights, hparams):
+        state, metrics, values = update(keys[0], state, member(batches, 0),
+                                        None if weights is None else weights[0], hparams)
+        return state, metrics, None if values is None else values[None]
+
+    return chunk
+
+
 def replay_step(update: Callable, **options) -> ReplayStep:
-    """A ``ReplayStep`` of chunk 1 from a one-step ``update(key, state, batch, weights [B] | None, hparams) ->
-    (state, metrics, td [B] | None)``: what TD3, SAC and DQN write."""
-
-    def one(keys, state, batches, weights, hparams):
-        first = lambda tree: jax.tree.map(lambda x: x[0], tree)
-        state, metrics, td = update(keys[0], state, first(batches), None if weights is None else weights[0], hparams)
-        return state, metrics, None if td is None else td[None]
-
-    return ReplayStep(one, chunk=1, **options)
+    """A ``ReplayStep`` of chunk 1 from a one-step ``update`` (``one_step_chunk``): what TD3, SAC and DQN write."""
+    return ReplayStep(one_step_chunk(update), chunk=1, **options)
 
 
 def chunk_update(learner: Learner) -> Callable:

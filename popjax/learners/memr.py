@@ -14,7 +14,7 @@ real start transitions (by priority ``p^alpha`` with importance weights, or unif
    ``(s_j, a_j, r_j, s'_j)`` with the weights ``w_j`` as the next segment of D_model, fits pi_psi on the new
    ``(s_j, a_j)`` for ``psi_epochs`` Adam steps (online), computes the new priorities by Eq. 3.7 and runs
    ``policy_updates`` G SAC updates, each on a batch of ``sac_batch`` rows of one segment, the segment's weights
-   in the Q loss only (``sac.sac_core``'s critic loss; the actor and temperature losses are unweighted);
+   in the Q loss only (the SAC core's critic loss; the actor and temperature losses are unweighted);
 3. returns the priorities ``p_j = sum_d (a_jd - mu_d(s_j))^2 / (2 sigma_d(s_j)^2)`` as the step's per-sample
    values, which the prioritized source writes back as ``(p + eps)^alpha`` for the just-sampled rows only.
 
@@ -42,6 +42,7 @@ from popjax import schema
 from popjax.buffers.segmented import SegmentedState, segmented_init, segmented_sample, segmented_write
 from popjax.config import ConfigError
 from popjax.learners import sac
+from popjax.learners.actor_critic import Core
 from popjax.learners.base import (
     MUJOCO_V5,
     BatchSize,
@@ -55,7 +56,7 @@ from popjax.learners.base import (
 )
 from popjax.networks.dynamics import GaussianEnsemble, gaussian_nll, model_nll, predict
 from popjax.networks.mlp import GaussianActor
-from popjax.population.hparams import hparam
+from popjax.population.hparams import extend, hparam, restrict
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.schema import problem
 from popjax.types import EnvSpec, Key, PyTree, Transition, dummy_transition
@@ -131,14 +132,7 @@ class MEMRState:
 def default_hparams(config: MEMRConfig | None = None) -> MEMRHParams:
     """SAC's reference defaults; model and pi_psi learning rates 1e-3 (popjax's choice, as MBPO's model)."""
     del config
-    base = sac.default_hparams(None)
-    return MEMRHParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, model_lr=scalar(1e-3),
-                       psi_lr=scalar(1e-3))
-
-
-def sac_hparams(hp: MEMRHParams) -> sac.SACHParams:
-    """The SAC part of MEMR's hparams."""
-    return sac.SACHParams(**{f: getattr(hp, f) for f in sac.SACHParams.__dataclass_fields__})
+    return extend(sac.default_hparams(None), MEMRHParams, model_lr=scalar(1e-3), psi_lr=scalar(1e-3))
 
 
 def entropy_priority(action: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
@@ -150,7 +144,7 @@ def entropy_priority(action: jax.Array, mean: jax.Array, log_std: jax.Array) -> 
 class MEMRCore(NamedTuple):
     """MEMR's functions (``make_memr`` builds the learner from them; tests call the pieces)."""
 
-    sac: sac.SACCore
+    sac: Core
     model_net: GaussianEnsemble
     psi_net: GaussianActor
     init: Callable  # (key, hp) -> MEMRState
@@ -212,7 +206,7 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
         """One env step's worth of Algorithm 2 on the start transitions ``batch [M]``; also their new priorities."""
         key_action, key_model, key_sac = jax.random.split(key, 3)
         obs = batch.obs
-        action, _ = core.sample(key_action, state.sac.actor, obs)
+        action, _ = sac.sample_action(core.actor_net, key_action, state.sac.actor, obs)
         next_obs, reward, terminated = predict(model_net, state.model, key_model, obs, action)
         rollout = Transition(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated)
         rollouts = segmented_write(state.rollouts, rollout, weights)
@@ -220,12 +214,12 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
         mean, log_std = psi_net.apply(psi, obs)
         priority = entropy_priority(action, mean, log_std)
 
-        sac_hp = sac_hparams(hp)
+        sac_hp = restrict(hp, sac.SACHParams)
 
         def policy_update(sac_state, k):
             k_sample, k_update = jax.random.split(k)
             model_batch, w, _ = segmented_sample(k_sample, rollouts, config.sac_batch)
-            sac_state, metrics, _ = core.update_weighted(k_update, sac_state, model_batch, w, sac_hp)
+            sac_state, metrics, _ = core.update(k_update, sac_state, model_batch, w, sac_hp)
             return sac_state, metrics
 
         sac_state, metrics = jax.lax.scan(policy_update, state.sac,

@@ -37,9 +37,10 @@ dense baseline is the ``td3`` learner, and "Tiny" is ``td3`` with ``tiny_hidden`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +51,7 @@ from pydantic import Field
 from popjax import schema
 from popjax.config import ConfigError
 from popjax.learners import sac, td3
+from popjax.learners.actor_critic import Core, Steps
 from popjax.learners.base import (
     BatchSize,
     Hidden,
@@ -60,10 +62,11 @@ from popjax.learners.base import (
     ReplayStep,
     adam_step,
     init_actor_critic,
+    one_step_chunk,
     scalar,
 )
 from popjax.networks import sparse
-from popjax.population.hparams import hparam
+from popjax.population.hparams import extend, hparam
 from popjax.types import EnvSpec, Key, PyTree, Transition, Windows
 
 
@@ -150,14 +153,12 @@ def sparsity_defaults() -> dict[str, jax.Array]:
 
 def default_hparams(config: RLx2TD3Config | None = None) -> RLx2TD3HParams:
     """TD3's defaults, 90 % sparse actor and critic, zeta0 = 0.5 (the released code's)."""
-    base = td3.default_hparams()
-    return RLx2TD3HParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, **sparsity_defaults())
+    return extend(td3.default_hparams(), RLx2TD3HParams, **sparsity_defaults())
 
 
 def default_sac_hparams(config: RLx2Config | None = None) -> RLx2SACHParams:
     """SAC's defaults, 90 % sparse actor and critic, zeta0 = 0.5."""
-    base = sac.default_hparams()
-    return RLx2SACHParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, **sparsity_defaults())
+    return extend(sac.default_hparams(), RLx2SACHParams, **sparsity_defaults())
 
 
 @struct.dataclass
@@ -259,89 +260,39 @@ def sac_multi_step_target(key: Key, sample_fn, target_critic: PyTree, critic_net
     return jax.lax.stop_gradient(y)
 
 
-# --- the two bases -------------------------------------------------------------------------------
+# --- the learner ----------------------------------------------------------------------------------
 def masked_target_fn(tree_mask: PyTree):
     return lambda tree: sparse.apply_masks(tree, tree_mask)
 
 
-class Base(NamedTuple):
-    """What RLx2 needs of the algorithm it makes sparse (``td3_base``, ``sac_base``)."""
+def make_rlx2(config: RLx2Config, spec: EnvSpec, core: Core, n_step_target: Callable) -> Learner:
+    """RLx2 around an actor-critic ``Core``: masked steps and targets, and ``n_step_target(key, state, windows, hp,
+    steps_used) -> y``, the core's multi-step TD target."""
+    delay = getattr(config, "fixed_policy_delay", None)
+    targets = {target: f"{online}_mask" for target, online in core.targets.items()}  # the mask each target shares
 
-    core: Any
-    steps: Callable  # (state: RLx2State, steps_used | None) -> the core's Steps with masks and target
-    targets: dict[str, str]  # target network field -> the mask it shares
-    grads: Callable  # (key, inner, batch, hp, steps) -> (actor grads, critic grads), dense
-    actor_updates: Callable  # (inner, hp) -> actor updates so far
-    delay: Callable  # hp -> actor update period (TD3: policy_delay; SAC: 1)
-
-
-def td3_base(config: RLx2TD3Config, spec: EnvSpec) -> Base:
-    core = td3.td3_core(config, spec)
-
-    def steps(state: RLx2State, used):
-        made = td3.TD3Steps(critic=masked(adam_step, state.critic_mask), actor=masked(adam_step, state.actor_mask),
-                            critic_targets=masked_target_fn(state.critic_mask),
-                            actor_targets=masked_target_fn(state.actor_mask))
-        if used is None:
+    def made_steps(state: RLx2State) -> Steps:
+        made = Steps(critic=masked(adam_step, state.critic_mask), actor=masked(adam_step, state.actor_mask),
+                     critic_targets=masked_target_fn(state.critic_mask),
+                     actor_targets=masked_target_fn(state.actor_mask))
+        if config.n_step == 1:
             return made
+        # Multi-step from T0 critic updates on (the counter of the update being made: steps before it).
+        used = jnp.where(state.inner.steps >= config.multi_step_start, config.n_step, 1)
+        return dataclasses.replace(made, target=lambda key, inner, windows, hp: n_step_target(key, inner, windows, hp,
+                                                                                            used),
+                                   sample=Windows.first)
 
-        def target(key, actor_net, critic_net, target_actor, target_critic, windows, hp):
-            return multi_step_target(key, actor_net, critic_net, target_actor, target_critic, windows, hp, used)
-
-        return dataclasses.replace(made, target=target, sample=Windows.first)
-
-    def grads(key, inner, batch, hp, made):
-        y = made.target(key, core.actor_net, core.critic_net, inner.target_actor, inner.target_critic, batch, hp)
-        sample = made.sample(batch)
-        critic = jax.grad(lambda c: td3.critic_loss_fn(c, core.critic_net, sample, y)[0])(inner.critic)
-        actor = jax.grad(lambda a: td3.dpg_loss(core.actor_net, core.critic_net, a, inner.critic, sample.obs))(
-            inner.actor)
-        return actor, critic
-
-    return Base(core, steps, {"target_actor": "actor_mask", "target_critic": "critic_mask"}, grads,
-                lambda inner, hp: inner.steps // hp.policy_delay, lambda hp: hp.policy_delay)
-
-
-def sac_base(config: RLx2Config, spec: EnvSpec) -> Base:
-    core = sac.sac_core(config, spec)
-
-    def steps(state: RLx2State, used):
-        made = sac.SACSteps(critic=masked(adam_step, state.critic_mask), actor=masked(adam_step, state.actor_mask),
-                            critic_targets=masked_target_fn(state.critic_mask))
-        if used is None:
-            return made
-
-        def target(key, sample_fn, target_critic, critic_net, actor, windows, alpha, hp):
-            return sac_multi_step_target(key, sample_fn, target_critic, critic_net, actor, windows, alpha, hp, used)
-
-        return dataclasses.replace(made, target=target, sample=Windows.first)
-
-    def grads(key, inner, batch, hp, made):
-        # The grow score of the critic is the critic loss's gradient only (the released code also leaks the actor
-        # loss's gradient into it one step before a topology step; popjax does not).
-        key_next, key_actor = jax.random.split(key)
-        alpha = jnp.exp(inner.log_alpha)
-        target = made.target or sac.one_step_target
-        y = target(key_next, core.sample, inner.target_critic, core.critic_net, inner.actor, batch, alpha, hp)
+    def grads(key: Key, inner, batch, hp, made: Steps):
+        """Dense ``(actor, critic)`` gradients of the core's losses (the critic's alone for the critic: the released
+        SAC code also leaks the actor loss's gradient into it one step before a topology step; popjax does not)."""
+        key_target, key_actor = core.split(key)
+        y = (made.target or core.target)(key_target, inner, batch, hp)
         sample = made.sample(batch)
         critic = jax.grad(lambda c: core.critic_loss(c, sample, y, None)[0])(inner.critic)
-        actor = jax.grad(lambda a: core.actor_loss(a, inner.critic, sample.obs, alpha, key_actor)[0])(inner.actor)
+        actor = jax.grad(lambda a: made.actor_objective(a, core.actor_terms(key_actor, a, inner.critic, inner,
+                                                                            sample.obs)[0]))(inner.actor)
         return actor, critic
-
-    return Base(core, steps, {"target_critic": "critic_mask"}, grads,
-                lambda inner, hp: inner.steps, lambda hp: jnp.ones((), jnp.int32))
-
-
-# --- the learner ----------------------------------------------------------------------------------
-def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
-    core = base.core
-    delay = getattr(config, "fixed_policy_delay", None)
-
-    def made_steps(state: RLx2State):
-        if config.n_step == 1:
-            return base.steps(state, None)
-        # Multi-step from T0 critic updates on (the counter of the update being made: steps before it).
-        return base.steps(state, jnp.where(state.inner.steps >= config.multi_step_start, config.n_step, 1))
 
     def init(key: Key, hp) -> RLx2State:
         key_net, key_actor, key_critic = jax.random.split(key, 3)
@@ -352,17 +303,18 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
         critic = sparse.apply_masks(inner.critic, critic_mask)
         # Targets start from the masked online networks (the released code copies them before masking).
         online = {"target_actor": actor, "target_critic": critic}
-        inner = inner.replace(actor=actor, critic=critic, **{t: online[t] for t in base.targets})
+        inner = inner.replace(actor=actor, critic=critic, **{t: online[t] for t in targets})
         return RLx2State(inner=inner, actor_mask=actor_mask, critic_mask=critic_mask)
 
     def update(keys: Key, state: RLx2State, batches: Transition | Windows, weights: None, hp):
         """One update (chunk 1) or a fixed-delay chunk; unweighted (no prioritized replay: windows need uniform)."""
         del weights
+        steps = made_steps(state)
         if delay:
-            inner, metrics, _ = core.update_chunk(keys, state.inner, batches, None, hp, made_steps(state))
+            update = functools.partial(core.update_chunk, steps=steps)
         else:
-            first = lambda tree: jax.tree.map(lambda x: x[0], tree)
-            inner, metrics, _ = core.update_weighted(keys[0], state.inner, first(batches), None, hp, made_steps(state))
+            update = one_step_chunk(functools.partial(core.update, steps=steps))
+        inner, metrics, _ = update(keys, state.inner, batches, None, hp)
         return state.replace(inner=inner), metrics, None
 
     def grow_scores(key: Key, state: RLx2State, batch: Transition | Windows, hp):
@@ -371,7 +323,7 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
         if config.topology == "set":
             key_actor, key_critic = jax.random.split(key)
             return sparse.uniform_like(key_actor, inner.actor), sparse.uniform_like(key_critic, inner.critic)
-        actor_grad, critic_grad = base.grads(key, inner, batch, hp, made_steps(state))
+        actor_grad, critic_grad = grads(key, inner, batch, hp, made_steps(state))
         return jax.tree.map(jnp.abs, actor_grad), jax.tree.map(jnp.abs, critic_grad)
 
     def evolve_net(params, mask, scores, sparsity, fraction, due):
@@ -390,17 +342,18 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
         inner = state.inner
         actor_scores, critic_scores = grow_scores(key, state, batch, hp)
         critic_fraction = sparse.drop_fraction(inner.steps, hp.drop_fraction, config.evolution_end)
-        actor_fraction = sparse.drop_fraction(base.actor_updates(inner, hp), hp.drop_fraction, config.evolution_end)
+        actor_fraction = sparse.drop_fraction(inner.steps // core.actor_period(hp), hp.drop_fraction,
+                                              config.evolution_end)
         # The actor's counter counts actor updates: it reaches a multiple of dst_interval every d-th call.
-        actor_due = (inner.steps // config.dst_interval) % base.delay(hp) == 0
+        actor_due = (inner.steps // config.dst_interval) % core.actor_period(hp) == 0
         critic, critic_mask = evolve_net(inner.critic, state.critic_mask, critic_scores, hp.critic_sparsity,
                                          critic_fraction, jnp.asarray(True))
         actor, actor_mask = evolve_net(inner.actor, state.actor_mask, actor_scores, hp.actor_sparsity,
                                        actor_fraction, actor_due)
         masks = {"actor_mask": actor_mask, "critic_mask": critic_mask}
         # Targets share the online masks at once (the released code masks them at their next Polyak average).
-        targets = {t: sparse.apply_masks(getattr(inner, t), masks[m]) for t, m in base.targets.items()}
-        state = RLx2State(inner=inner.replace(actor=actor, critic=critic, **targets), **masks)
+        masked_targets = {t: sparse.apply_masks(getattr(inner, t), masks[m]) for t, m in targets.items()}
+        state = RLx2State(inner=inner.replace(actor=actor, critic=critic, **masked_targets), **masks)
         return state, {"critic_drop_fraction": critic_fraction,
                        "actor_drop_fraction": jnp.where(actor_due, actor_fraction, 0.0)}
 
@@ -437,11 +390,24 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
 
 
 def make_rlx2_td3(config: RLx2TD3Config, spec: EnvSpec) -> Learner:
-    return make_rlx2(config, spec, td3_base(config, spec))
+    core = td3.td3_core(config, spec)
+
+    def n_step_target(key, inner, windows, hp, used):
+        return multi_step_target(key, core.actor_net, core.critic_net, inner.target_actor, inner.target_critic,
+                                 windows, hp, used)
+
+    return make_rlx2(config, spec, core, n_step_target)
 
 
 def make_rlx2_sac(config: RLx2Config, spec: EnvSpec) -> Learner:
-    return make_rlx2(config, spec, sac_base(config, spec))
+    core = sac.sac_core(config, spec)
+    sample = functools.partial(sac.sample_action, core.actor_net)
+
+    def n_step_target(key, inner, windows, hp, used):
+        return sac_multi_step_target(key, sample, inner.target_critic, core.critic_net, inner.actor, windows,
+                                     jnp.exp(inner.log_alpha), hp, used)
+
+    return make_rlx2(config, spec, core, n_step_target)
 
 
 # --- accounting and registry ---------------------------------------------------------------------

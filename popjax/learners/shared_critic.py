@@ -48,6 +48,7 @@ from flax import struct
 from popjax.learners.base import adam_init, adam_step, polyak, select
 from popjax.learners.td3 import TD3Config, TD3HParams, critic_loss_fn, dpg_loss, target_q
 from popjax.networks.mlp import DeterministicActor, TwinCritic
+from popjax.population.tree import member
 from popjax.types import EnvSpec, Key, Metrics, PyTree, Transition
 
 AXIS = "pop"
@@ -321,9 +322,8 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
 
 def from_member_states(td3_states) -> SharedCriticState:
     """A shared-critic state from stacked single-agent ``TD3State``s; the critic of member 0 is shared."""
-    first = lambda tree: jax.tree.map(lambda x: x[0], tree)
     return SharedCriticState(actor=td3_states.actor, target_actor=td3_states.target_actor,
-                             actor_opt=td3_states.actor_opt, critic=first(td3_states.critic),
-                             target_critic=first(td3_states.target_critic),
-                             critic_opt=first(td3_states.critic_opt),
+                             actor_opt=td3_states.actor_opt, critic=member(td3_states.critic, 0),
+                             target_critic=member(td3_states.target_critic, 0),
+                             critic_opt=member(td3_states.critic_opt, 0),
                              steps=td3_states.steps[0])
