@@ -25,7 +25,7 @@ TORCH_cuda12 := --extra-index-url https://download.pytorch.org/whl/cu128 "torch=
 TORCH_cuda13 :=
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: install run test test-slow test-processes lint bench bench-accelerator results clean
+.PHONY: install run test test-slow test-processes lint docs bench bench-accelerator results clean
 ifneq ($(ACCEL),$(VENV_ACCEL))
 .PHONY: $(STAMP)  # the environment is for another accelerator: install afresh
 endif
@@ -64,6 +64,12 @@ test-processes: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check popjax tests benchmarks experiments
+
+# The user guide (docs/, mkdocs.yml): the option reference regenerated from the schema, then the site built into
+# site/ with every link and anchor checked (tests/test_docs.py runs the same build and every documented command).
+docs: $(STAMP)
+	$(BIN)/python tests/docs_reference.py
+	$(BIN)/mkdocs build --strict
 
 # The fast-PBT speed studies at sizes that fit a 2-core CPU in about 70 minutes (quiet machine: ~52 min of
 # measurement, ~8 min of waiting between studies, see below); each writes
@@ -119,4 +125,4 @@ bench-accelerator: $(STAMP)
 	$(BENCH) report
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

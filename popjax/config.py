@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 
 from popjax import schema
 from popjax.precision import MATMUL_PRECISIONS
-from popjax.registry import DRIVERS, LEARNERS, SOURCES
+from popjax.registry import DRIVERS, LEARNERS, LOGGERS, SOURCES
 from popjax.schema import (
     INT32_MAX,
     AnyMapping,
@@ -34,13 +34,14 @@ from popjax.schema import (
     Invalid,
     Kind,
     OneOf,
+    SomeOf,
     fail,
     show,
     validate,
 )
 
 __all__ = ["ConfigError", "PARALLEL_MODES", "RunConfig", "check_memory", "check_options", "make_config",
-           "make_learner_config"]
+           "make_learner_config", "saved_options"]
 
 PARALLEL_MODES = ("sharding", "pmap")
 MAX_STEPS = 2**30  # env steps per member: int32 counters (plus one iteration) never overflow
@@ -59,8 +60,12 @@ def _drivers() -> tuple[str, ...]:
     return tuple(DRIVERS)
 
 
+def _loggers() -> tuple[str, ...]:
+    return tuple(LOGGERS)
+
 
 DEFAULT_BUFFER = "uniform"  # the run's replay source when it names none (and the one on-policy runs keep)
+
 
 @dataclasses.dataclass(frozen=True)
 class EnvName(Kind):
@@ -146,7 +151,9 @@ class RunConfig:
     checkpoint_interval: Int(ge=0, le=MAX_STEPS) = Field(
         0, description="env steps per member between checkpoints; 0 = at evaluations only")
     progress: Bool = Field(True, description="show progress: a bar on a terminal, complete lines in a log or file")
-    tensorboard: Bool = Field(False, description="also write every metric to <run_dir>/tensorboard/")
+    logger: SomeOf(_loggers) = Field(
+        (), description="where every metric also goes: tensorboard (<run_dir>/tensorboard/), wandb (one Weights & "
+        "Biases run per population: members' curves and hparams, PBT's exploits; pip install 'popjax[wandb]')")
     matmul_precision: OneOf(MATMUL_PRECISIONS) = Field(
         "default", description="arithmetic of every matrix product and convolution the run compiles: default (JAX's: "
         "TF32 on a recent NVIDIA GPU, float32 on a CPU), tf32, highest (full float32) or bf16 (bfloat16 operands, "
@@ -177,6 +184,15 @@ class RunConfig:
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "driver_options"}
         out.update({name: _plain(block) for name, block in self.driver_options.items()})
         return out
+
+
+def saved_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved configuration (a run's config.yaml, a checkpoint's) in today's options: runs written before
+    ``logger`` existed say ``tensorboard: true`` (now ``logger: [tensorboard]``) or ``tensorboard: false``."""
+    options = dict(options)
+    if isinstance(options.get("tensorboard"), bool) and "logger" not in options:
+        options["logger"] = ["tensorboard"] if options.pop("tensorboard") else []
+    return options
 
 
 def _plain(value):

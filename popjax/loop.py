@@ -36,7 +36,7 @@ from popjax.distributed import fetch, gather_rows, is_writer, processes
 from popjax.drivers.base import Driver, Episodes, InteractionFailed, OwnInteraction, Rollout
 from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
-from popjax.registry import LEARNERS
+from popjax.registry import DRIVERS, LEARNERS
 from popjax.rundir import RunDir
 from popjax.types import Key
 
@@ -420,7 +420,7 @@ class Loop:
             "wall_s": round(self.wall_s, 3), "compile_s": round(self.compiler.compile_s, 3),
             "matmul_precision": cfg.matmul_precision, "matmul_arithmetic": precision.arithmetic(cfg.matmul_precision),
             "best_return": best, "final_returns": [float(r) for r in final],
-            "final_iqm": stats.population_iqm(final),  # over members, with its bootstrap CI (4+ members)
+            "final_iqm": stats.population_iqm(final, not_independent=self._why_members_dependent()),
             **self.driver.host.summary(state),
         }
         definition, learner_config = LEARNERS[cfg.learner], make_learner_config(cfg)
@@ -434,6 +434,15 @@ class Loop:
         if named and is_writer():  # from metrics.csv (process 0's), so a resumed run reports the same
             summary["learner_metrics"] = last_metrics(self.run_dir.read_metrics(), named, cfg.pop_size)
         return summary
+
+    def _why_members_dependent(self) -> str | None:
+        """None when the driver's members are independent samples (``DriverDef.independent_members``), else
+        why ``final_iqm`` has no interval over them."""
+        definition = DRIVERS[self.config.driver]
+        if definition.members_independent(definition.parse_options(self.config)):
+            return None
+        return (f"members of a {self.config.driver} run interact (copies, shared parts), so they are not "
+                "independent samples: an interval needs independent runs (seeds), e.g. popjax compare")
 
 
 def last_metrics(rows: list[dict[str, float]], names: tuple[str, ...], pop_size: int) -> dict[str, list]:

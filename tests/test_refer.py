@@ -404,25 +404,24 @@ def test_hts_driver_stores_the_behaviour_and_writes_rho_back(tmp_path):
     assert 0.0 < summary["beta"][0] < 1.0
 
 
-@pytest.mark.processes  # CLI runs of whole examples, as tests/test_readme.py's
-def test_the_readme_commands_run(tmp_path, monkeypatch):
-    """The README's two ReF-ER commands, at tiny sizes, with the far fraction and beta in summary.json."""
+@pytest.mark.processes  # CLI runs of whole examples, as tests/test_docs.py's
+def test_the_guide_commands_run(tmp_path, monkeypatch):
+    """The guide's two ReF-ER commands (docs/learners.md), at tiny sizes, with the far fraction and beta in
+    summary.json."""
     import json
-    import re
-    import shlex
-    from pathlib import Path
+
+    from docs_blocks import block, commands
 
     from popjax import cli
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    commands = re.findall(r"^    (popjax train --learner refer_\S+.*)$", readme, re.M)
-    assert [c.split()[3] for c in commands] == ["refer_td3", "refer_sac"]
+    found = [c.argv for c in commands(block("docs/learners.md", "ReF-ER: remember and forget experience replay"))]
+    assert [c[2] for c in found] == ["refer_td3", "refer_sac"]
     monkeypatch.chdir(tmp_path)
     tiny = ["--steps", "200", "--warmup", "50", "--rollout-len", "25", "--eval-interval", "100", "--eval-episodes",
             "1", "--batch-size", "16", "--buffer-size", "500", "--learner-config", "hidden=[8]", "--no-progress",
             "--set", "pbt={interval: 100}"]
-    for i, command in enumerate(commands):
-        assert cli.main(shlex.split(command)[1:] + tiny + ["--out", f"run{i}"]) == 0
+    for i, argv in enumerate(found):
+        assert cli.main(argv + tiny + ["--out", f"run{i}"]) == 0
         summary = json.loads((tmp_path / f"run{i}" / "summary.json").read_text())
         assert len(summary["learner_metrics"]["beta"]) == 4 and 0 < summary["learner_metrics"]["beta"][0] < 1
     assert json.loads((tmp_path / "run1" / "summary.json").read_text())["pbt"]["rounds"] == 1

@@ -220,6 +220,10 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"popjax bench {study}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    if study != "report":  # compile once (popjax.compile_cache); the compile study times fresh compilations
+        from popjax import compile_cache
+
+        compile_cache.enable("off" if study == "compile" else None)
     try:
         result = _module(study).main(options)
     except ValueError as err:  # a bad option value found by the study itself, or a busy machine: one line

@@ -73,14 +73,22 @@ class SourceDef:
     make: Callable[[Any, EnvSpec, Any], ReplaySource]
     description: str
     row_bytes: int = 0
-    # Whether its sources write values back between samplings (then a chunk of updates, whose batches are drawn
-    # together, differs from the same updates made one at a time: learners chunk only where they must).
+    # Whether its sources write values back between samplings for every learner (priorities; then a chunk of
+    # updates, whose batches are drawn together, differs from the same updates made one at a time: learners chunk
+    # only where they must).
     writes_back: bool = False
     # Whether it samples by the priorities the learner writes back (what a step with ``by_priority`` needs).
     prioritized: bool = False
     # The run options it reads beyond buffer_size and batch_size: a non-default value of one with a source that
     # does not read it is refused.
     options: tuple[str, ...] = ()
+    # Whether it keeps a learner's refreshed value per row (``ReplayStep.refresh``: ReF-ER's ratios), written back
+    # at the sampled rows and rewritten for the whole replay (``ReplaySource.rewrite``).
+    keeps_refreshed: bool = False
+
+    def writes_back_for(self, step) -> bool:
+        """Whether the source it makes for a learner's replay ``step`` writes values back between samplings."""
+        return self.writes_back or (self.keeps_refreshed and step.refresh is not None)
 
 
 def _check_windows(config, step, serves_windows: bool) -> None:
@@ -179,7 +187,7 @@ def make_prioritized_source(config, spec: EnvSpec, step) -> ReplaySource:
                         sample=sample, write_back=buffer.update)
 
 
-UNIFORM = SourceDef("uniform", make_uniform_source, "uniform sampling")
+UNIFORM = SourceDef("uniform", make_uniform_source, "uniform sampling", keeps_refreshed=True)
 # The K = 4 sum tree: one float32 leaf and a third of one in inner nodes (more with padding).
 PRIORITIZED = SourceDef("prioritized", make_prioritized_source,
                         "prioritized by |TD error| (K-ary sum tree; learners that return TD magnitudes)", row_bytes=6,

@@ -251,6 +251,11 @@ class DriverOptions(Schema):
         """The hparams this driver changes during the run (PBT: its search space); none by default."""
         return frozenset()
 
+    def couples_members(self) -> bool:
+        """Whether these options make the members of a driver whose members are independent interact (HTS's
+        ``population: pbt``); no by default."""
+        return False
+
 
 class NoOptions(DriverOptions):
     """The options of a driver that takes none."""
@@ -298,10 +303,11 @@ class DriverDef:
         that population (``LearnerDef.shared_critic``).
       learner_hooks: whether it runs every replay step the learners offer: multi-step windows, ``maintain`` and
         ``shrink`` hooks (HTS-RL's segment replay does not: a learner that needs them is refused at build).
-      members_independent: whether its members never interact (no copies, no shared parts): each member is then
-        an independent seed of the statistics (``final_iqm``, ``popjax compare``).
       policy_copy: whether PBT's ``copy: policy`` fits it (nothing else a member carries depends on the learner
         state it copies: HTS-RL's lagged behaviour state and staged segment do).
+      independent_members: whether its members never interact (no copies, no shared parts), unless its options
+        couple them (``DriverOptions.couples_members``): only then is each member an independent sample, and
+        ``summary.json``'s ``final_iqm`` bootstraps over members.
     """
 
     name: str
@@ -314,8 +320,12 @@ class DriverDef:
     sources: tuple[str, ...] | None = ("uniform",)
     shared_critic: bool = False
     learner_hooks: bool = True
-    members_independent: bool = False
     policy_copy: bool = False
+    independent_members: bool = False
+
+    def members_independent(self, options: DriverOptions) -> bool:
+        """Whether a run with these (validated) options has independent members (``independent_members``)."""
+        return self.independent_members and not options.couples_members()
 
     def accepts_step(self, kind: type) -> bool:
         return kind in self.steps

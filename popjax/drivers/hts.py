@@ -110,6 +110,9 @@ class HtsOptions(DriverOptions):
     def searched_hparams(self) -> frozenset[str]:
         return frozenset() if self._pbt is None else frozenset(self._pbt.space)
 
+    def couples_members(self) -> bool:
+        return self._pbt is not None
+
 
 @struct.dataclass
 class HtsState:
@@ -395,4 +398,4 @@ def hts_run_plots(run_dir) -> list:
 
 
 DEFINITION = DriverDef(name="hts", build=build, options=HtsOptions, plots=hts_run_plots, pmap=False,
-                       steps=(ReplayStep, RolloutStep), learner_hooks=False)
+                       steps=(ReplayStep, RolloutStep), learner_hooks=False, independent_members=True)

@@ -221,4 +221,4 @@ def build(ctx: BuildContext, options: IndependentOptions) -> Driver:
 
 
 DEFINITION = DriverDef(name="independent", build=build, options=IndependentOptions, steps=(ReplayStep, RolloutStep),
-                       sources=None, members_independent=True)
+                       sources=None, independent_members=True)
