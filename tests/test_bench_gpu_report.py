@@ -74,7 +74,7 @@ def test_unequal_or_unknown_arithmetic_gets_no_ratio(tmp_path):
     shutil.copy(RESULTS / f"{TF32}.json", results / f"{TF32}.json")
     section = _gpu_section(_render(results, tmp_path))  # no gpu_provenance.yaml: precision not described
     assert section.startswith("## GPU — runs not described in gpu_provenance.yaml")
-    assert "precision not recorded" in section and "driver not recorded" in section
+    assert "arithmetic: not recorded" in section and "driver not recorded" in section
     assert section.count("not compared (unequal arithmetic)") == 4  # 2 N × (fastest, torch_seq)
     (results / report_gpu.PROVENANCE).write_text(
         "runs:\n  - name: a test run\n    files:\n"
@@ -82,6 +82,14 @@ def test_unequal_or_unknown_arithmetic_gets_no_ratio(tmp_path):
     section = _gpu_section(_render(results, tmp_path))
     assert section.startswith("## GPU — a test run") and "JAX tf32, PyTorch fp32" in section
     assert section.count("not compared (unequal arithmetic)") == 4 and "2.79×" not in section
+    # a run that records its arithmetic itself (the study's `arithmetic`) needs no provenance for it
+    (results / report_gpu.PROVENANCE).unlink()
+    payload = json.loads((results / f"{TF32}.json").read_text())
+    payload["arithmetic"] = {"matmul_precision": "default", "jax": "tf32", "torch": "tf32"}
+    (results / f"{TF32}.json").write_text(json.dumps(payload))
+    section = _gpu_section(_render(results, tmp_path))
+    assert "arithmetic: tf32 on both sides (matmul_precision default)" in section
+    assert "| TD3 | 64 | 0.598 | 322 | 139 | 1.67 | torch_vmap_compile | 2.79× (1.67 ÷ 0.598) |" in section
     (results / report_gpu.PROVENANCE).write_text("runs: 3\n")
     with pytest.raises(ValueError, match="gpu_provenance.yaml must hold `runs:`"):
         _render(results, tmp_path)

@@ -225,23 +225,45 @@ def test_cuda_graph_variant_falls_back_on_the_cpu(monkeypatch):
                                                                                               "cuda")
 
 
-def test_the_update_study_records_the_cuda_graph_fallback(tmp_path, monkeypatch):
-    """The study's rows of ``torch_vmap_cudagraph`` say what ran (here, the CPU: no CUDA graphs, default mode),
-    and its notes say it fell back."""
+@pytest.mark.parametrize("declined", [False, True])
+def test_the_update_study_records_the_cuda_graph_fallback(declined, tmp_path, monkeypatch):
+    """The study's rows of ``torch_vmap_cudagraph`` say what ran, and its notes say when it ran without CUDA graphs:
+    on the CPU (no graphs, default mode), or with graphs asked for and PyTorch declining to capture them (its
+    ``cudagraph_skips`` counter, bumped here by the fake compile as PyTorch does when it declines)."""
+    from torch._dynamo.utils import counters
+
     from popjax_bench import common
 
     monkeypatch.setattr(common, "load_average", lambda: [0.1, 0.1, 0.1])
     monkeypatch.setattr(common, "others_cpu_share", lambda since: 0.0)
     monkeypatch.setattr(common, "PEAK_N", 128)
     fake = _FakeCompile()
-    monkeypatch.setattr(torch, "compile", fake)
+    if declined:
+        monkeypatch.setattr(tf, "uses_cuda_graphs", lambda variant, device: True)
+
+        def declining(fn, **kwargs):  # PyTorch compiles, and declines, at a graph's first call
+            compiled, calls = fake(fn, **kwargs), []
+
+            def call(*args):
+                if not calls:
+                    counters["inductor"]["cudagraph_skips"] += 1
+                calls.append(1)
+                return compiled(*args)
+
+            return call
+
+        monkeypatch.setattr(torch, "compile", declining)
+    else:
+        monkeypatch.setattr(torch, "compile", fake)
     payload = update.run(learners=("td3",), pops=(2,), impls=("torch_vmap_cudagraph",), hidden=(8,), batch_size=4,
                          k=2, torch_threads=(1,), repeats=10, min_time=0.0, out_dir=tmp_path, plot=False)
     written = json.loads((tmp_path / "update.json").read_text())
     (row,) = written["results"]
     assert row["impl"] == "torch_vmap_cudagraph" and row["cuda_graphs"] is False
-    assert row["torch_compile_mode"] == "default" and row["torch_device"] == "cpu" and row["compile_s"] > 0
-    assert fake.kwargs == [{"dynamic": False}] * 2
+    assert row["cuda_graph_skips"] == (2 if declined else 0)  # TD3's two step kinds
+    assert row["torch_compile_mode"] == ("reduce-overhead" if declined else "default")
+    assert row["torch_device"] == "cpu" and row["compile_s"] > 0
+    assert fake.kwargs == [{"dynamic": False} | ({"mode": "reduce-overhead"} if declined else {})] * 2
     assert update.CUDA_GRAPH_FALLBACK in written["notes"] and payload["notes"] == written["notes"]
 
 
@@ -266,33 +288,79 @@ def test_the_update_study_names_the_fastest_pytorch_variant(tmp_path, monkeypatc
     assert rows["torch_vmap"]["steps_per_call"] == 2 and rows["torch_vmap"]["compile"] is None  # eager: no compile
 
 
-def test_the_accelerator_preset_runs_the_update_study_and_names_the_device(tmp_path, monkeypatch):
-    """``popjax bench accelerator`` at tiny sizes on the CPU: the update study with the preset's learners,
-    written as update_<device>.json whose machine record names the device."""
+def test_the_accelerator_preset_runs_the_update_study_and_names_the_device(tmp_path, monkeypatch, capsys):
+    """``popjax bench accelerator`` at tiny sizes on the CPU: the update study with the preset's learners, popjax's
+    programs compiled ahead in threads (each once), every learner at one N before the next, one table printed at
+    the end; written as update_<device>.json whose machine record names the device."""
+    import threading
+
     from popjax import cli
     from popjax_bench import accelerator, common
 
     monkeypatch.setattr(common, "load_average", lambda: [0.1, 0.1, 0.1])
     monkeypatch.setattr(common, "others_cpu_share", lambda since: 0.0)
     monkeypatch.setattr(common, "PEAK_N", 128)
+    compiles, compile_timed = [], common.compile_timed
+
+    def counted(fn, *args, **kwargs):
+        compiles.append((threading.current_thread().name, len(args)))
+        return compile_timed(fn, *args, **kwargs)
+
+    monkeypatch.setattr(common, "compile_timed", counted)
     defaults = accelerator.Options()
-    assert defaults.pops[-1] == 256 and defaults.learners == ("td3", "sac") and not defaults.memory_fit
-    code = cli.main(["bench", "accelerator", "--pop", "2", "--hidden", "8", "--batch-size", "4", "--k", "2",
-                     "--impl", "vmap,torch_vmap", "--torch-threads", "1", "--no-memory-fit", "--no-plot",
-                     "--min-time", "0", "--out", str(tmp_path)])
+    assert defaults.pops == (1, 4, 16, 64, 256) and defaults.learners == ("td3", "sac") and not defaults.memory_fit
+    assert defaults.compile_workers > 1 and 0 < defaults.budget < 600  # the study's 10 minutes on one GPU
+    code = cli.main(["bench", "accelerator", "--pop", "1,2", "--hidden", "8", "--batch-size", "4", "--k", "2",
+                     "--impl", "vmap_scan,jax_seq,torch_vmap", "--torch-threads", "1", "--compile-workers", "2",
+                     "--no-plot", "--min-time", "0", "--out", str(tmp_path)])
     assert code == 0
     assert accelerator.device_slug() == "cpu"
     payload = json.loads((tmp_path / "update_cpu.json").read_text())
     assert payload["study"] == "update" and payload["machine"]["devices"][0]["platform"] == "cpu"
     rows = [r for r in payload["results"] if "skipped" not in r]
-    assert {(r["learner"], r["impl"]) for r in rows} == {(learner, impl) for learner in ("td3", "sac")
-                                                          for impl in ("vmap", "torch_vmap")}
-    assert all(r["pop"] == 2 and r["torch_best"] == "torch_vmap" for r in rows)
-    # both ceilings of the dominant layer at that N: XLA's batched dot and PyTorch's bmm (1 thread, as timed)
+    assert [(r["pop"], r["learner"]) for r in rows] == [(n, learner) for n in (1, 2) for learner in ("td3", "sac")
+                                                        for _ in range(3)]
+    # 2 learners x 2 N of vmap_scan + jax_seq's one program per learner, each compiled once, ahead, in threads (the
+    # ceilings' matmuls, of 2 arguments, are compiled where they are measured; an update takes 4)
+    popjax_programs = [thread for thread, arity in compiles if arity == 4]
+    assert len(popjax_programs) == 6 and all(t.startswith("popjax-bench-compile") for t in popjax_programs)
+    assert payload["params"]["compile_workers"] == 2 and any("compiled ahead" in n for n in payload["notes"])
+    assert all(r["compile_s"] > 0 for r in rows if r["impl"] != "torch_vmap")
+    assert all(r["torch_best"] == "torch_vmap" for r in rows)
+    # both ceilings of the dominant layer at each N: XLA's batched dot and PyTorch's bmm (1 thread, as timed)
     torch_layers = payload["ceilings"]["torch_layers"]
-    assert [(c["pop"], c["batch"], c["width"], c["threads"]) for c in torch_layers] == [(2, 4, 8, 1)] * 2  # per learner
+    assert [(c["pop"], c["batch"], c["width"], c["threads"]) for c in torch_layers] == [
+        (n, 4, 8, 1) for n in (1, 2) for _ in ("td3", "sac")]
     measured = {c["gflops"] for c in torch_layers}
-    assert all(r["torch_layer_gflops"] in measured and r["layer_gflops"] > 0 for r in rows if r["impl"] == "vmap")
+    assert all(r["torch_layer_gflops"] in measured and r["layer_gflops"] > 0 for r in rows if r["impl"] == "vmap_scan")
+    # one table at the end: each (learner, N) with every implementation, the fastest PyTorch and the speed-up
+    table = capsys.readouterr().out.split("popjax bench accelerator: ms per population step")[1].splitlines()
+    assert table[1].split() == ["learner", "N", "vmap_scan", "jax_seq", "torch_vmap", "fastest", "PyTorch",
+                                "K-step", "speed-up"]
+    by = {(r["learner"], r["impl"], r["pop"]): r["ms_per_pop_step"] for r in rows}
+    cells = table[2].split()  # td3 at N = 1
+    assert cells[:2] == ["td3", "1"] and cells[-2] == "torch_vmap"
+    assert float(cells[-1].rstrip("x")) == pytest.approx(by["td3", "torch_vmap", 1] / by["td3", "vmap_scan", 1],
+                                                         rel=0.01)
+    assert [line.split()[:2] for line in table[2:6]] == [["td3", "1"], ["td3", "2"], ["sac", "1"], ["sac", "2"]]
+    assert "skipped: none" in table
+
+
+def test_the_accelerator_study_keeps_to_its_budget(tmp_path, monkeypatch, capsys):
+    """Once ``--budget`` is spent the points not started are skipped, each with the reason, and listed at the end."""
+    from popjax_bench import accelerator, common
+
+    monkeypatch.setattr(common, "load_average", lambda: [0.1, 0.1, 0.1])
+    monkeypatch.setattr(common, "others_cpu_share", lambda since: 0.0)
+    monkeypatch.setattr(common, "PEAK_N", 128)
+    payload = accelerator.run(learners=("td3",), pops=(1, 2), impls=("vmap", "torch_vmap"), hidden=(8,), batch_size=4,
+                              k=2, torch_threads=(1,), compile_workers=1, budget=1e-9, min_time=0.0, plot=False,
+                              out_dir=str(tmp_path))
+    assert [(r["impl"], r["pop"], r["skipped"]) for r in payload["results"]] == [
+        (impl, n, "the study's --budget of 0s was spent" + (" (1 threads)" if impl == "torch_vmap" else ""))
+        for n in (1, 2) for impl in ("vmap", "torch_vmap")]
+    out = capsys.readouterr().out
+    assert "skipped (4):" in out and "  td3 vmap N=2: the study's --budget of 0s was spent" in out
 
 
 def test_torch_layer_ceiling_counts_the_bmm_flops():

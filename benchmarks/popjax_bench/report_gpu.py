@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from popjax_bench import arithmetic
+
 PROVENANCE = "gpu_provenance.yaml"
 ENDTOEND = "endtoend_*.json"
 POPJAX_IMPLS = ("vmap_scan", "vmap", "jax_seq")
@@ -79,17 +81,20 @@ def _fastest(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str,
     return best
 
 
-def arithmetic(info: dict[str, Any]) -> tuple[str | None, str | None]:
-    """``(JAX side, PyTorch side)`` of a file's provenance entry (e.g. ``("fp32", "fp32")``)."""
-    sides = info.get("arithmetic") or {}
-    return sides.get("jax"), sides.get("torch")
+def sides(payload: dict[str, Any], info: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``(JAX side, PyTorch side)`` arithmetic of a run (e.g. ``("fp32", "fp32")``): the payload's own record
+    (``popjax_bench.arithmetic``), else its provenance entry (runs from before the record existed)."""
+    if payload.get("arithmetic") is not None:
+        return arithmetic.sides(payload)
+    described = info.get("arithmetic") or {}
+    return described.get("jax"), described.get("torch")
 
 
 def update_table(payload: dict[str, Any], info: dict[str, Any]) -> list[str]:
     """One update run on an accelerator: ms per population step of every implementation at each (learner, N),
     the fastest PyTorch variant, and popjax's K-step update against it and against PyTorch sequential (ratios
     of this run's times, printed only when both sides ran the same arithmetic)."""
-    jax_side, torch_side = arithmetic(info)
+    jax_side, torch_side = sides(payload, info)
     matched = jax_side is not None and jax_side == torch_side
     impls = [i for i in (*POPJAX_IMPLS, *TORCH_IMPLS) if i in payload["params"].get("impls", [])]
     torch_impls = [i for i in impls if i in TORCH_IMPLS]
@@ -136,7 +141,7 @@ def _run_lines(payload: dict[str, Any], info: dict[str, Any]) -> list[str]:
     peak = (payload.get("ceilings") or {}).get("dense_matmul") or {}
     before, after = (peak.get("before") or {}).get("gflops"), (peak.get("after") or {}).get("gflops")
     lines = [f"**`{payload['_file']}.json`** ({payload['started_utc']} → {payload['finished_utc']}): "
-             f"{info.get('precision', 'precision not recorded')}. Dense matmul {peak.get('n', '?')}² in the same "
+             f"{info.get('precision') or arithmetic.describe(payload)}. Dense matmul {peak.get('n', '?')}² in the same "
              f"run: {_f(before / 1e3 if before else None)} TFLOP/s"
              + (f" before, {_f(after / 1e3)} after" if after else " (before; none after: the run was stopped)")
              + f"; PyTorch threads {payload['params'].get('torch_threads')}.", ""]

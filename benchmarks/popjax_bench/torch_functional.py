@@ -257,6 +257,14 @@ def population(variant: str, fns, states: list[dict[str, Any]], hp: dict[str, fl
     return update
 
 
+def cuda_graph_skips() -> int:
+    """How many times so far PyTorch compiled a graph for CUDA graphs and declined to capture it (it then runs
+    without; inductor's ``cudagraph_skips`` counter): a study compares it before and after compiling."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
 def clone(tree: Any) -> Any:
     """A copy of every tensor of ``tree`` (outputs of a CUDA-graph replay kept past the next replay)."""
     return torch.utils._pytree.tree_map(torch.clone, tree)

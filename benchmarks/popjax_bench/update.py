@@ -71,8 +71,9 @@ VECTORIZED = ("vmap", "vmap_scan")
 FUNCTIONAL_LEARNERS = ("td3", "sac")  # the functional PyTorch variants (torch_functional) exist for these
 DEFAULT_POPS = (1, 2, 4, 8, 16, 32, 64)
 PROBLEMS = ("td3", "sac", "dqn")  # learners with the paper's timing shapes (``problem``)
-CUDA_GRAPH_FALLBACK = ("torch_vmap_cudagraph ran without CUDA graphs (PyTorch's device is not CUDA): torch.compile's "
-                       "default mode, the same program as torch_vmap_compile; its rows say cuda_graphs false")
+CUDA_GRAPH_FALLBACK = ("torch_vmap_cudagraph ran without CUDA graphs (PyTorch's device is not CUDA, or PyTorch "
+                       "declined to capture a graph: cuda_graph_skips > 0): torch.compile without graphs, the same "
+                       "program as torch_vmap_compile; its rows say cuda_graphs false")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,11 @@ class Options(opt.StudyOptions):
     min_time: float = opt.min_time()
     max_seconds: float = opt.max_seconds()
     memory_fit: bool = opt.memory_fit(False)
+    compile_workers: int = opt.integer(1, "W > 1: compile popjax's programs (vmap, vmap_scan at every N, jax_seq) "
+                                       "ahead of the timing, W at a time in threads (their compile_s is then "
+                                       "measured while W compile at once)")
+    budget: float = opt.number(0.0, "seconds for the whole study (0: no limit): once spent, the points not yet "
+                               "started are skipped and recorded as skipped")
     processes: int = opt.integer(1, "P > 1: time vmap/vmap_scan with the population split over the CPU devices of "
                                  "P local processes joined with jax.distributed (CPU collectives over 127.0.0.1), "
                                  "each process with --devices devices, against 1 process with as many devices in "
@@ -342,6 +348,28 @@ def prepare_vmap(p: Problem, pop: int, devices: int, k: int, opts, reuse: bool =
     }
 
 
+PRECOMPILE_NOTE = ("popjax's programs (vmap, vmap_scan, jax_seq) were compiled ahead of the timing, {workers} at a "
+                   "time in threads: their compile_s was measured while others compiled (an over-estimate of one "
+                   "compile alone) and their memory rows exclude compilation")
+
+
+def precompile(problems: list[Problem], pops, devices, impls, opts) -> None:
+    """Compiles (and warms up once) every popjax program the study will time, ``opts.compile_workers`` at a time in
+    threads (XLA compiles outside the GIL), so that the timing loop reuses them (``prepare_vmap(reuse=True)``;
+    ``jax_seq``'s one program per learner is cached anyway)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [functools.partial(prepare_vmap, p, pop, d, k, opts) for pop in pops for p in problems for d in devices
+            if pop % d == 0 for impl, k in (("vmap", 1), ("vmap_scan", p.k)) if impl in impls]
+    jobs += [functools.partial(prepare_jax_seq, p, 1, opts) for p in problems if "jax_seq" in impls]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=opts.compile_workers, thread_name_prefix="popjax-bench-compile") as pool:
+        for future in [pool.submit(lambda job=job: job() and None) for job in jobs]:
+            future.result()  # an error in a compile is the study's error
+    log(f"  compiled {len(jobs)} popjax programs ahead, {opts.compile_workers} at a time, in "
+        f"{time.perf_counter() - start:.0f}s")
+
+
 _SEQ_COMPILED: dict[Problem, Any] = {}
 
 
@@ -504,15 +532,17 @@ def prepare_torch_functional(p: Problem, pop: int, opts, variant: str, threads: 
             torch.set_num_threads(threads)  # per call: implementations are timed interleaved
             return [update(batches, noise(), t == period - 1) for t in range(period)]
 
+        skips = tf.cuda_graph_skips()
         start = time.perf_counter()
         for _ in range(3 if update.cuda_graphs else 2):  # compiles each graph (TD3: critic-only and policy
             call()                                         # steps); CUDA graphs: a warm-up run, then the capture
         first_calls_s = time.perf_counter() - start
+        skips = tf.cuda_graph_skips() - skips  # graphs PyTorch declined to capture (they then run without)
         entry = _ready(call, lambda _: tr.synchronize(dev), opts, period)
     compiled = update.compile_mode is not None
     return entry | {"compile": {"compile_s": first_calls_s} if compiled else None, "memory": mem.result(),
                     "torch_device": dev, "torch_threads": threads, "torch_compile_mode": update.compile_mode,
-                    "cuda_graphs": update.cuda_graphs}
+                    "cuda_graphs": update.cuda_graphs and not skips, "cuda_graph_skips": skips}
 
 
 def _per_member(noise, pop: int, vectorized: bool):
@@ -1049,85 +1079,95 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     if o.processes > 1:
         params |= {"devices_per_process": list(devices), "jobs": []}
         run_processes(o, problems, impls, sitting, peak, results, notes, lambda: write(plot=False), params["jobs"])
-    for p in problems if o.processes == 1 else ():  # with processes every point ran in the jobs
-        last: dict[tuple, tuple[int, float, int]] = {}  # (impl, devices, threads) -> (pop, s per call, warm-up)
-        for pop in pops:
-            variants = []
-            for d in devices:
-                if pop % d:
-                    continue
-                if "vmap" in impls:
-                    variants.append(("vmap", d))
-                if "vmap_scan" in impls:
-                    variants.append(("vmap_scan", d))
-            variants = [(impl, d, None) for impl, d in variants]
-            if "jax_seq" in impls:
-                variants.append(("jax_seq", 1, None))
-            variants += [(impl, 1, t) for impl in TORCH_IMPLS if impl in impls for t in thread_counts]
-            prepared = []  # (impl, devices, threads, entry): all compiled and warmed up, then timed interleaved
-            for impl, d, threads in variants:
-                functional = impl in TORCH_IMPLS and impl != "torch_seq"
-                if impl in TORCH_IMPLS and (torch_missing or (functional and p.learner not in FUNCTIONAL_LEARNERS)):
-                    why = torch_missing or f"the functional PyTorch variants cover {', '.join(FUNCTIONAL_LEARNERS)}"
-                    results.append(_skip(p, impl, pop, d, why + (f" ({threads} threads)" if threads else "")))
-                    continue
-                prev = last.get((impl, d, threads))
-                if prev is not None:
-                    estimate = common.estimated_seconds(prev[1], pop / prev[0], repeats=o.repeats,
-                                                        min_time=o.min_time, warmup=prev[2])
-                    if estimate > max_seconds:
-                        reason = (f"estimated {estimate:.0f}s for warm-up and {o.repeats} timed calls > --max-seconds "
-                                  f"{max_seconds:.0f}")
-                        results.append(_skip(p, impl, pop, d, reason + (f" ({threads} threads)" if threads else "")))
-                        continue
-                if impl == "vmap":
-                    entry = prepare_vmap(p, pop, d, 1, o)
-                elif impl == "vmap_scan":
-                    entry = prepare_vmap(p, pop, d, p.k, o)
-                elif impl == "jax_seq":
-                    entry = prepare_jax_seq(p, pop, o)
-                elif impl == "torch_seq":
-                    entry = prepare_torch_seq(p, pop, o, threads)
-                else:
-                    entry = prepare_torch_functional(p, pop, o, impl, threads)
-                prepared.append((impl, d, threads, entry))
-            if not prepared:
+    precompiled = o.compile_workers > 1 and o.processes == 1
+    if precompiled:
+        params["compile_workers"] = o.compile_workers
+        notes.append(PRECOMPILE_NOTE.format(workers=o.compile_workers))
+        precompile(problems, pops, devices, impls, o)
+    deadline = time.perf_counter() + o.budget if o.budget else None
+    last: dict[tuple, tuple[int, float, int]] = {}  # (learner, impl, devices, threads) -> (pop, s/call, warm-up)
+    # Every learner at one N before the next N: a spent --budget leaves out the largest sizes of all learners.
+    for pop, p in [(pop, p) for pop in pops for p in problems] if o.processes == 1 else ():
+        variants = []
+        for d in devices:
+            if pop % d:
                 continue
-            layer = {}  # the dominant layer's ceiling at this N, measured just before the point
-            torch_layer = None  # the same layer in PyTorch (torch.bmm), the fastest thread count
-            if p.learner in ("td3", "sac"):
-                for d in dict.fromkeys(d for impl, d, _, _ in prepared if impl.startswith("vmap")):
-                    layer[d] = sitting.layer(pop, p.batch_size, max(p.config.hidden), d)
-                for threads in dict.fromkeys(t for impl, _, t, _ in prepared if impl.startswith("torch")):
-                    row = torch_layer_gflops(pop, p.batch_size, max(p.config.hidden), threads, o)
-                    sitting.ceilings.setdefault("torch_layers", []).append(row)
-                    torch_layer = max(torch_layer or 0.0, row["gflops"])
-            start = time.perf_counter()
-            outs = measure([entry for *_, entry in prepared], o)
-            spent = time.perf_counter() - start
-            point = []
-            for (impl, d, threads, _), out in zip(prepared, outs, strict=True):
-                timing = out["timing"]  # execution time only (compile excluded): it scales with N
-                last[(impl, d, threads)] = (pop, timing["median_s"], out["warmup_calls"])
-                rec = _record(p, impl, pop, d, out)
-                if impl == "torch_vmap_cudagraph" and not rec["cuda_graphs"] and CUDA_GRAPH_FALLBACK not in notes:
-                    notes.append(CUDA_GRAPH_FALLBACK)
-                results.append(rec)
-                point.append(rec)
-                log(
-                    f"  {p.learner} {impl:9s} N={pop:3d} d={d}: {rec['ms_per_pop_step']:9.3f} ms/pop-step"
-                    f" (IQR {rec['ms_per_pop_step_iqr']:.3f})"
-                    + (f"  compile {rec['compile_s']:.2f}s" if rec["compile_s"] is not None else "")
-                    + (f"  threads {threads}" if threads else "")
-                    + f"  ({timing['repeats']} calls)"
-                )
-            for d in devices:
-                add_throughput([r for r in point if r["devices"] == d], peak, layer.get(d))
-            for r in point:
-                r["torch_layer_gflops"] = torch_layer
-            log(f"  {p.learner} N={pop}: {len(prepared)} implementations timed interleaved in {spent:.0f}s")
-            add_ratios(results)
-            write(plot=False)  # partial results survive an interrupted run
+            if "vmap" in impls:
+                variants.append(("vmap", d))
+            if "vmap_scan" in impls:
+                variants.append(("vmap_scan", d))
+        variants = [(impl, d, None) for impl, d in variants]
+        if "jax_seq" in impls:
+            variants.append(("jax_seq", 1, None))
+        variants += [(impl, 1, t) for impl in TORCH_IMPLS if impl in impls for t in thread_counts]
+        prepared = []  # (impl, devices, threads, entry): all compiled and warmed up, then timed interleaved
+        for impl, d, threads in variants:
+            functional = impl in TORCH_IMPLS and impl != "torch_seq"
+            if impl in TORCH_IMPLS and (torch_missing or (functional and p.learner not in FUNCTIONAL_LEARNERS)):
+                why = torch_missing or f"the functional PyTorch variants cover {', '.join(FUNCTIONAL_LEARNERS)}"
+                results.append(_skip(p, impl, pop, d, why + (f" ({threads} threads)" if threads else "")))
+                continue
+            if deadline is not None and time.perf_counter() > deadline:
+                results.append(_skip(p, impl, pop, d, f"the study's --budget of {o.budget:.0f}s was spent"
+                                     + (f" ({threads} threads)" if threads else "")))
+                continue
+            prev = last.get((p.learner, impl, d, threads))
+            if prev is not None:
+                estimate = common.estimated_seconds(prev[1], pop / prev[0], repeats=o.repeats,
+                                                    min_time=o.min_time, warmup=prev[2])
+                if estimate > max_seconds:
+                    reason = (f"estimated {estimate:.0f}s for warm-up and {o.repeats} timed calls > --max-seconds "
+                              f"{max_seconds:.0f}")
+                    results.append(_skip(p, impl, pop, d, reason + (f" ({threads} threads)" if threads else "")))
+                    continue
+            if impl == "vmap":
+                entry = prepare_vmap(p, pop, d, 1, o, reuse=precompiled)
+            elif impl == "vmap_scan":
+                entry = prepare_vmap(p, pop, d, p.k, o, reuse=precompiled)
+            elif impl == "jax_seq":
+                entry = prepare_jax_seq(p, pop, o)
+            elif impl == "torch_seq":
+                entry = prepare_torch_seq(p, pop, o, threads)
+            else:
+                entry = prepare_torch_functional(p, pop, o, impl, threads)
+            prepared.append((impl, d, threads, entry))
+        if not prepared:
+            continue
+        layer = {}  # the dominant layer's ceiling at this N, measured just before the point
+        torch_layer = None  # the same layer in PyTorch (torch.bmm), the fastest thread count
+        if p.learner in ("td3", "sac"):
+            for d in dict.fromkeys(d for impl, d, _, _ in prepared if impl.startswith("vmap")):
+                layer[d] = sitting.layer(pop, p.batch_size, max(p.config.hidden), d)
+            for threads in dict.fromkeys(t for impl, _, t, _ in prepared if impl.startswith("torch")):
+                row = torch_layer_gflops(pop, p.batch_size, max(p.config.hidden), threads, o)
+                sitting.ceilings.setdefault("torch_layers", []).append(row)
+                torch_layer = max(torch_layer or 0.0, row["gflops"])
+        start = time.perf_counter()
+        outs = measure([entry for *_, entry in prepared], o)
+        spent = time.perf_counter() - start
+        point = []
+        for (impl, d, threads, _), out in zip(prepared, outs, strict=True):
+            timing = out["timing"]  # execution time only (compile excluded): it scales with N
+            last[(p.learner, impl, d, threads)] = (pop, timing["median_s"], out["warmup_calls"])
+            rec = _record(p, impl, pop, d, out)
+            if impl == "torch_vmap_cudagraph" and not rec["cuda_graphs"] and CUDA_GRAPH_FALLBACK not in notes:
+                notes.append(CUDA_GRAPH_FALLBACK)
+            results.append(rec)
+            point.append(rec)
+            log(
+                f"  {p.learner} {impl:9s} N={pop:3d} d={d}: {rec['ms_per_pop_step']:9.3f} ms/pop-step"
+                f" (IQR {rec['ms_per_pop_step_iqr']:.3f})"
+                + (f"  compile {rec['compile_s']:.2f}s" if rec["compile_s"] is not None else "")
+                + (f"  threads {threads}" if threads else "")
+                + f"  ({timing['repeats']} calls)"
+            )
+        for d in devices:
+            add_throughput([r for r in point if r["devices"] == d], peak, layer.get(d))
+        for r in point:
+            r["torch_layer_gflops"] = torch_layer
+        log(f"  {p.learner} N={pop}: {len(prepared)} implementations timed interleaved in {spent:.0f}s")
+        add_ratios(results)
+        write(plot=False)  # partial results survive an interrupted run
     if o.memory_fit:
         for p in problems:
             memory_fit[p.learner] = largest_population(p)
