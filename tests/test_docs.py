@@ -58,6 +58,7 @@ class Spec:
     setup: Callable[[Path], None] | None = None
     check: Callable[[Path], None] | None = None
     slow: bool = False
+    process: bool = False  # each command in a process of its own (it needs JAX to start with its own devices)
 
 
 def _sweep_yaml(cwd: Path) -> None:
@@ -67,7 +68,9 @@ def _sweep_yaml(cwd: Path) -> None:
 def _sweep_check(cwd: Path) -> None:
     config = (cwd / "runs" / "sweep" / "config.yaml").read_text()
     assert "seed: 1" in config and "discount: 0.98" in config and "critic_lr:" in config
-    assert list((cwd / "runs" / "sweep" / "tensorboard").glob("events.out.tfevents.*"))
+    # --overwrite replaced the first run (with TensorBoard) by the second (without): its event files went too
+    assert not list((cwd / "runs" / "sweep").glob("tensorboard/events.out.tfevents.*"))
+    assert (cwd / "runs" / "sweep" / "plots" / "learning_curves.png").exists()
 
 
 def _run_the_load_policy_block(cwd: Path) -> None:
@@ -102,7 +105,7 @@ CLI_BLOCKS: dict[tuple[str, str, int], Spec] = {
     ("docs/drivers.md", "Tuning with PBT", 0): Spec(train=TUNING, check=_lineage_check),
     ("docs/drivers.md", "HTS-RL", 0): Spec(),
     ("docs/environments.md", "Environments", 0): Spec(slow=True),  # brax compiles for minutes on a CPU
-    ("docs/environments.md", "Overlapping acting and learning", 0): Spec(),
+    ("docs/environments.md", "Overlapping acting and learning", 0): Spec(process=True),  # adds a host device
     ("docs/devices.md", "Several devices", 0): Spec(),
     ("docs/benchmarks.md", "Benchmarks", 0): Spec(setup=_bench_targets),
     ("docs/experiments.md", "Comparing runs", 0): Spec(),
@@ -154,6 +157,9 @@ def test_the_make_commands_exist():
 
 
 def test_the_python_run_example(tmp_path, monkeypatch, capsys):
+    from learner_helpers import use_shared_xla_cache
+
+    use_shared_xla_cache()
     monkeypatch.chdir(tmp_path)
     make_config = popjax.make_config
     monkeypatch.setattr(popjax, "make_config", lambda **kw: make_config(**{**kw, **TINY_OPTIONS}))
@@ -184,9 +190,9 @@ def test_the_config_error_example_prints_its_line(tmp_path, monkeypatch, capsys)
     assert not list(tmp_path.iterdir())
 
 
-def _popjax(command, cwd: Path, train: list[str]) -> tuple[int, str]:
+def _popjax(command, cwd: Path, train: list[str], process: bool = False) -> tuple[int, str]:
     argv = tiny_argv(command.argv, train)
-    if command.env:  # XLA_FLAGS and the like act before JAX starts: a process of its own
+    if command.env or process:  # XLA_FLAGS and the like act before JAX starts: a process of its own
         env = dict(os.environ, **command.env, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"),
                                                                            os.environ.get("PYTHONPATH", "")]))
         result = subprocess.run([sys.executable, "-m", "popjax", *argv], cwd=cwd, env=env, capture_output=True,
@@ -217,7 +223,7 @@ def test_the_cli_block_runs(key, tmp_path, monkeypatch):
     found = commands(block(*key))
     assert found, key
     for command in found:
-        code, err = _popjax(command, tmp_path, TINY_TRAIN + list(spec.train))
+        code, err = _popjax(command, tmp_path, TINY_TRAIN + list(spec.train), spec.process)
         assert code == 0, (command.argv, err[-3000:])
         if command.argv[0] == "train" and out_dir(command.argv):
             assert (tmp_path / out_dir(command.argv) / "summary.json").exists(), command.argv
