@@ -73,6 +73,33 @@ def test_register_refuses_a_taken_name():
         register_source(SOURCES["uniform"])
 
 
+def test_every_source_declares_what_it_writes_back_for_every_replay_learner():
+    """``SourceDef.writes_back_for(step)`` equals whether the source made for that learner writes back, for every
+    registered source and replay learner it serves (issue 37: ``uniform`` writes ReF-ER's ratios back)."""
+    from popjax.config import ConfigError, make_config, make_learner_config
+    from popjax.envs import registry
+    from popjax.learners.base import ReplayStep
+
+    checked = set()
+    for source_name, source_def in SOURCES.items():
+        for name, definition in LEARNERS.items():
+            if definition.step_kind is not ReplayStep:
+                continue
+            env = "probe:pendulum" if definition.action_kind == "continuous" else "probe:cartpole"
+            try:
+                config = make_config(learner=name, env=env, buffer=source_name)
+                step = definition.make(make_learner_config(config), registry.env_spec(env)).step
+                source = source_def.make(config, registry.env_spec(env), step)
+            except ConfigError:
+                continue  # a pair the run refuses
+            assert source_def.writes_back_for(step) == (source.write_back is not None), (source_name, name)
+            checked.add((source_name, name))
+    assert {("uniform", "td3"), ("uniform", "refer_td3"), ("prioritized", "td3")} <= checked
+    refer_step = LEARNERS["refer_td3"].make(make_learner_config(make_config(learner="refer_td3", env="probe:pendulum")),
+                                            registry.env_spec("probe:pendulum")).step
+    assert SOURCES["uniform"].writes_back_for(refer_step) and not SOURCES["uniform"].writes_back
+
+
 def test_the_guide_learner_and_source_train(registered, tmp_path, monkeypatch, capsys):
     """The guide's third block trains both under independent and pbt; v is the mean reward of the newest rows."""
     monkeypatch.chdir(tmp_path)

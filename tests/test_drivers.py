@@ -38,6 +38,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
+INDEPENDENT_MEMBERS = {"independent", "hts"}  # members never interact: each one an independent sample
+
+
 def options(name: str) -> dict[str, Any]:
     return {**BASE, **OVERRIDES.get(name, {}), "driver": name}
 
@@ -68,6 +71,18 @@ def test_state_counters_metrics_and_evaluation_shapes(name):
     assert returns.shape == ((pop,) if actors is None else (actors,)) and np.isfinite(returns).all()
 
 
+def test_members_are_independent_only_where_the_driver_and_its_options_say_so():
+    """``DriverDef.independent_members`` for every driver, HTS's ``population: pbt`` coupling its members, and a
+    driver that declares nothing (its members are not taken as independent samples)."""
+    def independent(name, **extra):
+        definition = DRIVERS[name]
+        return definition.members_independent(definition.parse_options(make_config(**{**options(name), **extra})))
+
+    assert {name for name in DRIVERS if independent(name)} == INDEPENDENT_MEMBERS
+    assert not independent("hts", hts={"alpha": 25, "executors": 3, "population": "pbt"}, pbt={"interval": 100})
+    assert not RANDOM_SEARCH.members_independent(RandomSearchOptions())
+
+
 @pytest.mark.parametrize("name", sorted(DRIVERS))
 def test_every_program_traces_once_and_kill_then_resume_is_exact(name, compilers, tmp_path):
     full = popjax.train(out_dir=tmp_path / "full", **options(name))
@@ -81,6 +96,12 @@ def test_every_program_traces_once_and_kill_then_resume_is_exact(name, compilers
         assert len(summary["cem_mean_returns"]) == 3 and int(full.state.cem.generation) == 3
     if name == "dvd":
         assert summary["dvd_bandit"]["draws"] == 3 and traces["after_eval"] == 1
+    iqm = summary["final_iqm"]  # an interval over members only where they are independent samples (issue 37)
+    assert np.isfinite(iqm["iqm"])
+    if name in INDEPENDENT_MEMBERS:
+        assert iqm["ci"][0] <= iqm["iqm"] <= iqm["ci"][1] and "no_ci" not in iqm
+    else:
+        assert iqm["ci"] is None and iqm["no_ci"].startswith(f"members of a {name} run interact")
 
     # A kill: the newest checkpoints and the summary are gone, later metrics rows are not.
     cut, _ = killed_copy(full.out_dir, tmp_path / "cut")

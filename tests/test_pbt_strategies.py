@@ -10,7 +10,8 @@ from rundir_helpers import killed_copy
 from test_pbt import TD3_SPACE, population, run_exploit, toy_population
 
 from popjax.config import ConfigError
-from popjax.drivers.pbt import PBTConfig, exploit_and_explore, parse_pbt_config
+from popjax.drivers.pbt_options import PBTConfig, parse_pbt_config
+from popjax.drivers.pbt_round import exploit_and_explore
 from popjax.population import pb2, selection
 from popjax.population.hparams import Range
 
@@ -439,7 +440,7 @@ def check_relations(hp):
 
 @pytest.mark.parametrize("explore", ["resample", "perturb"])
 def test_constraints_are_never_violated_in_10k_draws(explore):
-    from popjax.drivers.pbt import initial_hparams
+    from popjax.drivers.pbt_round import initial_hparams
     from popjax.learners import td3
     from popjax.population.hparams import population_hparams
 

@@ -184,8 +184,8 @@ def make_learner(p: Problem):
     definition = LEARNERS[p.learner]
     hparams = definition.default_hparams(p.config)
     config = p.config
-    if definition.specialize is not None:
-        config = definition.specialize(config, broadcast(hparams, 1), p.k, frozenset())
+    if definition.fit.specialize is not None:
+        config = definition.fit.specialize(config, broadcast(hparams, 1), p.k, frozenset())
     return definition.make(config, p.spec), hparams
 
 

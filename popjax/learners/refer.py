@@ -25,7 +25,6 @@ not wrapped (``refer`` refuses them).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -37,7 +36,19 @@ from pydantic import Field
 from popjax import schema
 from popjax.learners import sac, td3
 from popjax.learners.actor_critic import Core, Steps
-from popjax.learners.base import BatchSize, Hidden, Learner, LearnerDef, Refresh, ReplayStep, one_step_chunk, scalar
+from popjax.learners.base import (
+    BatchSize,
+    Hidden,
+    Learner,
+    LearnerDef,
+    PBTSupport,
+    Refresh,
+    ReplayStep,
+    Report,
+    RunFit,
+    one_step_chunk,
+    scalar,
+)
 from popjax.population.hparams import extend, hparam
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.types import EnvSpec, Key, Replayed, Transition
@@ -185,7 +196,7 @@ def make_refer(config: ReferConfig, spec: EnvSpec, base: Core) -> Learner:
         return importance_ratio(mu["u"], mean, log_std, mu["mean"], mu["log_std"])
 
     def update(key: Key, state: ReferState, replayed: Replayed, weights, hp):
-        del weights  # no importance-weighted source serves a refreshing learner (step.td is False)
+        del weights  # no importance-weighted source serves a refreshing learner (step.priorities is False)
         batch, mu = replayed.transitions, replayed.transitions.extras
         cmax = c_max(hp.refer_c, hp.refer_a, state.t)
         rho = ratios(state, batch, hp)
@@ -207,7 +218,7 @@ def make_refer(config: ReferConfig, spec: EnvSpec, base: Core) -> Learner:
         return new_state, metrics, rho
 
     # Chunk 1 (no fixed-delay chunks: the ratios are refreshed between samplings).
-    step = ReplayStep(one_step_chunk(update), chunk=1, td=False, extras=behaviour_example(spec),
+    step = ReplayStep(one_step_chunk(update), chunk=1, priorities=False, extras=behaviour_example(spec),
                       refresh=Refresh("rho", ratios))
     return Learner(init=init, act=act, policy=policy, step=step)
 
@@ -227,17 +238,16 @@ _REFER_SPACE = {"refer_c": {"low": 2.0, "high": 8.0, "log": True}, "refer_d": {"
 TD3_SPACE = {**SEARCH_SPACES["td3"], "exploration_noise": {"low": 0.05, "high": 0.5}, **_REFER_SPACE}
 SAC_SPACE = {**SEARCH_SPACES["sac"], **_REFER_SPACE}
 
-TD3_DEFINITION = LearnerDef(name="refer_td3", config_cls=ReferConfig, hparams_cls=ReferTD3HParams,
-                            make=make_refer_td3, default_hparams=default_td3_hparams, action_kind="continuous",
-                            search_space=TD3_SPACE, actor_params=lambda state: state.base.actor)
-SAC_DEFINITION = LearnerDef(name="refer_sac", config_cls=ReferConfig, hparams_cls=ReferSACHParams,
-                            make=make_refer_sac, default_hparams=default_sac_hparams, action_kind="continuous",
-                            search_space=SAC_SPACE)
 # Shared buffers (CEM-RL, DvD): most rows are far from any one member's policy, so beta -> 0 and every member is
 # pulled to the mixture of behaviours (against DvD's diversity term). Refused rather than silently degraded.
-OWN_REPLAY = ("needs each member's own replay (in a shared buffer most transitions are far from any one member's "
-              "policy: beta -> 0 and the KL pulls every member to the mixture of behaviours)")
+FIT = RunFit(own_replay="needs each member's own replay (in a shared buffer most transitions are far from any one "
+                        "member's policy: beta -> 0 and the KL pulls every member to the mixture of behaviours)")
 SUMMARY_METRICS = ("far_fraction", "beta", "c_max", "kl")
-TD3_DEFINITION = dataclasses.replace(TD3_DEFINITION, own_replay=OWN_REPLAY, summary_metrics=SUMMARY_METRICS)
-SAC_DEFINITION = dataclasses.replace(SAC_DEFINITION, own_replay=OWN_REPLAY, summary_metrics=SUMMARY_METRICS)
+TD3_DEFINITION = LearnerDef(name="refer_td3", config_cls=ReferConfig, hparams_cls=ReferTD3HParams,
+                            make=make_refer_td3, default_hparams=default_td3_hparams, action_kind="continuous",
+                            pbt=PBTSupport(TD3_SPACE), fit=FIT,
+                            report=Report(summary_metrics=SUMMARY_METRICS, actor_params=lambda state: state.base.actor))
+SAC_DEFINITION = LearnerDef(name="refer_sac", config_cls=ReferConfig, hparams_cls=ReferSACHParams,
+                            make=make_refer_sac, default_hparams=default_sac_hparams, action_kind="continuous",
+                            pbt=PBTSupport(SAC_SPACE), fit=FIT, report=Report(summary_metrics=SUMMARY_METRICS))
 DEFINITIONS = (TD3_DEFINITION, SAC_DEFINITION)

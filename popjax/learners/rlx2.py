@@ -60,10 +60,13 @@ from popjax.learners.base import (
     Periodic,
     ReplayShrink,
     ReplayStep,
+    Report,
+    RunFit,
     adam_step,
     init_actor_critic,
     one_step_chunk,
     scalar,
+    without_extras,
 )
 from popjax.networks import sparse
 from popjax.population.hparams import extend, hparam
@@ -260,6 +263,52 @@ def sac_multi_step_target(key: Key, sample_fn, target_critic: PyTree, critic_net
     return jax.lax.stop_gradient(y)
 
 
+# --- the learner's pieces ------------------------------------------------------------------------
+def dense_grads(core: Core, key: Key, inner, batch, hp, made: Steps):
+    """Dense ``(actor, critic)`` gradients of the core's losses (the critic's alone for the critic: the released
+    SAC code also leaks the actor loss's gradient into it one step before a topology step; popjax does not)."""
+    key_target, key_actor = core.split(key)
+    y = (made.target or core.target)(key_target, inner, batch, hp)
+    sample = made.sample(batch)
+    critic = jax.grad(lambda c: core.critic_loss(c, sample, y, None)[0])(inner.critic)
+    actor = jax.grad(lambda a: made.actor_objective(a, core.actor_terms(key_actor, a, inner.critic, inner,
+                                                                        sample.obs)[0]))(inner.actor)
+    return actor, critic
+
+
+def evolve_net(params, mask, scores, sparsity, fraction, due, forbid_regrow: bool):
+    """One network's topology step: evolve, or redraw magnitude masks when the sparsity changed."""
+    counts = layer_counts(params, sparsity)
+    sizes = jnp.asarray([i * o for i, o in sparse.kernel_shapes(params)], jnp.int32)
+    evolving = counts < sizes
+    evolved = sparse.evolve(params, mask, scores, fraction, evolving & due, forbid_regrow)
+    redrawn_mask = sparse.magnitude_masks(params, counts)
+    redrawn = (sparse.apply_masks(params, redrawn_mask), redrawn_mask)
+    changed = jnp.any(sparse.active_counts(mask) != counts)
+    return jax.tree.map(lambda a, b: jnp.where(changed, a, b), redrawn, evolved)
+
+
+def replay_shrink(config: RLx2Config, core: Core) -> Callable:
+    """RLx2's dynamic buffer (``ReplayShrink.run``) for the core's policy."""
+
+    def run(state: RLx2State, oldest: Transition, valid: jax.Array, size: jax.Array, hp):
+        """``(rows to drop, distance)``: the oldest 10 % when the policy distance exceeds D0 above ``buffer_min``.
+
+        Distance: half the mean squared difference between today's policy action (SAC: ``tanh`` of its mean) and
+        the stored action on the oldest transitions (actions in [-1, 1], so already normalised by the max
+        action). The paper stores the pre-noise policy action; popjax stores the executed one, whose exploration
+        noise adds about ``exploration_noise**2 / 2`` (TD3: 0.005 at the default 0.1, against D0 = 0.2) - a
+        documented deviation.
+        """
+        del hp
+        squared = jnp.mean((core.policy(state.inner, oldest.obs) - oldest.action) ** 2, axis=-1)
+        distance = 0.5 * jnp.sum(jnp.where(valid, squared, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+        drop = (distance > config.buffer_threshold) & (size > config.buffer_min)
+        return jnp.where(drop, size // 10, 0), distance
+
+    return run
+
+
 # --- the learner ----------------------------------------------------------------------------------
 def masked_target_fn(tree_mask: PyTree):
     return lambda tree: sparse.apply_masks(tree, tree_mask)
@@ -282,17 +331,6 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, core: Core, n_step_target: Call
         return dataclasses.replace(made, target=lambda key, inner, windows, hp: n_step_target(key, inner, windows, hp,
                                                                                             used),
                                    sample=Windows.first)
-
-    def grads(key: Key, inner, batch, hp, made: Steps):
-        """Dense ``(actor, critic)`` gradients of the core's losses (the critic's alone for the critic: the released
-        SAC code also leaks the actor loss's gradient into it one step before a topology step; popjax does not)."""
-        key_target, key_actor = core.split(key)
-        y = (made.target or core.target)(key_target, inner, batch, hp)
-        sample = made.sample(batch)
-        critic = jax.grad(lambda c: core.critic_loss(c, sample, y, None)[0])(inner.critic)
-        actor = jax.grad(lambda a: made.actor_objective(a, core.actor_terms(key_actor, a, inner.critic, inner,
-                                                                            sample.obs)[0]))(inner.actor)
-        return actor, critic
 
     def init(key: Key, hp) -> RLx2State:
         key_net, key_actor, key_critic = jax.random.split(key, 3)
@@ -323,19 +361,8 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, core: Core, n_step_target: Call
         if config.topology == "set":
             key_actor, key_critic = jax.random.split(key)
             return sparse.uniform_like(key_actor, inner.actor), sparse.uniform_like(key_critic, inner.critic)
-        actor_grad, critic_grad = grads(key, inner, batch, hp, made_steps(state))
+        actor_grad, critic_grad = dense_grads(core, key, inner, batch, hp, made_steps(state))
         return jax.tree.map(jnp.abs, actor_grad), jax.tree.map(jnp.abs, critic_grad)
-
-    def evolve_net(params, mask, scores, sparsity, fraction, due):
-        """One network's topology step: evolve, or redraw magnitude masks when the sparsity changed."""
-        counts = layer_counts(params, sparsity)
-        sizes = jnp.asarray([i * o for i, o in sparse.kernel_shapes(params)], jnp.int32)
-        evolving = counts < sizes
-        evolved = sparse.evolve(params, mask, scores, fraction, evolving & due, config.forbid_regrow)
-        redrawn_mask = sparse.magnitude_masks(params, counts)
-        redrawn = (sparse.apply_masks(params, redrawn_mask), redrawn_mask)
-        changed = jnp.any(sparse.active_counts(mask) != counts)
-        return jax.tree.map(lambda a, b: jnp.where(changed, a, b), redrawn, evolved)
 
     def maintain(key: Key, state: RLx2State, batch: Transition | Windows, hp):
         """The topology step (see the module docstring); no optimizer step, no counter advances."""
@@ -347,9 +374,9 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, core: Core, n_step_target: Call
         # The actor's counter counts actor updates: it reaches a multiple of dst_interval every d-th call.
         actor_due = (inner.steps // config.dst_interval) % core.actor_period(hp) == 0
         critic, critic_mask = evolve_net(inner.critic, state.critic_mask, critic_scores, hp.critic_sparsity,
-                                         critic_fraction, jnp.asarray(True))
+                                         critic_fraction, jnp.asarray(True), config.forbid_regrow)
         actor, actor_mask = evolve_net(inner.actor, state.actor_mask, actor_scores, hp.actor_sparsity,
-                                       actor_fraction, actor_due)
+                                       actor_fraction, actor_due, config.forbid_regrow)
         masks = {"actor_mask": actor_mask, "critic_mask": critic_mask}
         # Targets share the online masks at once (the released code masks them at their next Polyak average).
         masked_targets = {t: sparse.apply_masks(getattr(inner, t), masks[m]) for t, m in targets.items()}
@@ -363,29 +390,15 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, core: Core, n_step_target: Call
     def act(key: Key, state: RLx2State, obs: jax.Array, hp) -> jax.Array:
         return core.act(key, state.inner, obs, hp)
 
-    def replay_shrink(state: RLx2State, oldest: Transition, valid: jax.Array, size: jax.Array, hp):
-        """``(rows to drop, distance)``: the oldest 10 % when the policy distance exceeds D0 above ``buffer_min``.
-
-        Distance: half the mean squared difference between today's policy action (SAC: ``tanh`` of its mean) and
-        the stored action on the oldest transitions (actions in [-1, 1], so already normalised by the max
-        action). The paper stores the pre-noise policy action; popjax stores the executed one, whose exploration
-        noise adds about ``exploration_noise**2 / 2`` (TD3: 0.005 at the default 0.1, against D0 = 0.2) - a
-        documented deviation.
-        """
-        del hp
-        squared = jnp.mean((core.policy(state.inner, oldest.obs) - oldest.action) ** 2, axis=-1)
-        distance = 0.5 * jnp.sum(jnp.where(valid, squared, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
-        drop = (distance > config.buffer_threshold) & (size > config.buffer_min)
-        return jnp.where(drop, size // 10, 0), distance
-
     if config.n_step > spec.max_episode_steps:
         raise ConfigError(f"learner_config.n_step: {config.n_step} is longer than the episode limit of {spec.name} "
                           f"(allowed: at most {spec.max_episode_steps})")
     evolves = config.topology != "static"
-    return Learner(init=init, act=act, policy=policy,
-                   step=ReplayStep(update, chunk=delay or 1, window=config.n_step, td=False),
+    return Learner(init=init, act=without_extras(act), policy=policy,
+                   step=ReplayStep(update, chunk=delay or 1, window=config.n_step, priorities=False),
                    maintain=Periodic(config.dst_interval, maintain) if evolves else None,
-                   shrink=(ReplayShrink(config.buffer_check_interval, config.oldest_checked, replay_shrink)
+                   shrink=(ReplayShrink(config.buffer_check_interval, config.oldest_checked,
+                                        replay_shrink(config, core))
                            if config.dynamic_buffer else None))
 
 
@@ -484,8 +497,9 @@ def specialize_sac(config: RLx2Config, hparams, updates_per_call: int, searched:
 
 TD3_DEFINITION = LearnerDef(name="rlx2_td3", config_cls=RLx2TD3Config, hparams_cls=RLx2TD3HParams,
                             make=make_rlx2_td3, default_hparams=default_hparams, action_kind="continuous",
-                            specialize=specialize, costs=costs, actor_params=lambda state: state.inner.actor)
+                            fit=RunFit(specialize=specialize),
+                            report=Report(costs=costs, actor_params=lambda state: state.inner.actor))
 SAC_DEFINITION = LearnerDef(name="rlx2_sac", config_cls=RLx2Config, hparams_cls=RLx2SACHParams,
                             make=make_rlx2_sac, default_hparams=default_sac_hparams, action_kind="continuous",
-                            specialize=specialize_sac, costs=make_costs("sac"))
+                            fit=RunFit(specialize=specialize_sac), report=Report(costs=make_costs("sac")))
 DEFINITIONS = (TD3_DEFINITION, SAC_DEFINITION)

@@ -41,12 +41,15 @@ from popjax.learners.base import (
     Hidden,
     Learner,
     LearnerDef,
+    PBTSupport,
+    Report,
     adam_init,
     adam_step,
     init_actor_critic,
     polyak,
     replay_step,
     scalar,
+    without_extras,
 )
 from popjax.networks.mlp import GaussianActor, TwinCritic
 from popjax.population.hparams import hparam
@@ -249,7 +252,7 @@ def sac_core(config: SACConfig, spec: EnvSpec) -> Core:
 
 def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
     core = sac_core(config, spec)
-    return Learner(init=core.init, act=core.act, policy=core.policy, step=replay_step(core.update))
+    return Learner(init=core.init, act=without_extras(core.act), policy=core.policy, step=replay_step(core.update))
 
 
 # The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
@@ -266,13 +269,13 @@ PRESETS = {
 }
 
 DEFINITION = LearnerDef(
-    name="sac", search_space=SEARCH_SPACES["sac"], presets=PRESETS,
+    name="sac", presets=PRESETS,
     config_cls=SACConfig,
     hparams_cls=SACHParams,
     make=make_sac,
     default_hparams=default_hparams,
     action_kind="continuous",
-    policy_state=("actor",),
-    optimizer_state={"actor_opt": "actor", "critic_opt": "critic", "alpha_opt": "log_alpha"},
-    counts=lambda config, updates: {"policy_updates": updates},
+    pbt=PBTSupport(SEARCH_SPACES["sac"], policy_state=("actor",),
+                   optimizer_state={"actor_opt": "actor", "critic_opt": "critic", "alpha_opt": "log_alpha"}),
+    report=Report(counts=lambda config, updates: {"policy_updates": updates}),
 )

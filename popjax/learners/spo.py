@@ -56,10 +56,12 @@ from popjax.learners.base import (
     Learner,
     LearnerDef,
     ReplayStep,
+    RunFit,
     adam_init,
     adam_step,
     init_actor_critic,
     select,
+    without_extras,
 )
 from popjax.networks.mlp import QNetwork, check_cnn
 from popjax.population.hparams import hparam
@@ -360,14 +362,15 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
         return td3.TD3State(actor=first(state.actor), critic=None, target_actor=None, target_critic=None,
                             actor_opt=None, critic_opt=None, steps=state.steps)
 
-    return Learner(init=init, act=lambda key, state, obs, hp: core.act(key, as_td3(state), obs, hp),
+    return Learner(init=init, act=without_extras(lambda key, state, obs, hp: core.act(key, as_td3(state), obs, hp)),
                    policy=lambda state, obs: core.policy(as_td3(state), obs),
                    step=ReplayStep(update_round, chunk=config.local_steps, banks=r))
 
 
 DQN_DEFINITION = LearnerDef(name="spo_dqn", config_cls=SPODQNConfig, hparams_cls=dqn.DQNHParams, make=make_spo_dqn,
-                            default_hparams=dqn.default_hparams, action_kind="discrete", specialize=specialize,
-                            check_env=check_cnn)
+                            default_hparams=dqn.default_hparams, action_kind="discrete",
+                            fit=RunFit(specialize=specialize, check_env=check_cnn))
 TD3_DEFINITION = LearnerDef(name="spo_td3", config_cls=SPOTD3Config, hparams_cls=SPOTD3HParams, make=make_spo_td3,
-                            default_hparams=default_td3_hparams, action_kind="continuous", specialize=specialize)
+                            default_hparams=default_td3_hparams, action_kind="continuous",
+                            fit=RunFit(specialize=specialize))
 DEFINITIONS = (DQN_DEFINITION, TD3_DEFINITION)

@@ -35,13 +35,17 @@ from popjax.learners.base import (
     Int,
     Learner,
     LearnerDef,
+    PBTSupport,
     ReplayStep,
+    Report,
+    RunFit,
     adam_init,
     init_actor_critic,
     polyak,
     replay_step,
     scalar,
     select,
+    without_extras,
 )
 from popjax.networks.mlp import DeterministicActor, TwinCritic
 from popjax.population.hparams import hparam
@@ -247,7 +251,7 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
     core = td3_core(config, spec)
     delay = config.fixed_policy_delay
     step = ReplayStep(core.update_chunk, chunk=delay) if delay else replay_step(core.update)
-    return Learner(init=core.init, act=core.act, policy=core.policy, step=step)
+    return Learner(init=core.init, act=without_extras(core.act), policy=core.policy, step=step)
 
 
 def specialize(config: TD3Config, hparams: TD3HParams, updates_per_call: int, searched: frozenset[str],
@@ -283,14 +287,14 @@ PRESETS = {
 }
 
 DEFINITION = LearnerDef(
-    name="td3", search_space=SEARCH_SPACES["td3"], presets=PRESETS,
+    name="td3", presets=PRESETS,
     config_cls=TD3Config,
     hparams_cls=TD3HParams,
     make=make_td3,
     default_hparams=default_hparams,
     action_kind="continuous",
-    specialize=specialize,
-    actor_params=lambda state: state.actor,
-    policy_state=("actor", "target_actor"),
-    optimizer_state={"actor_opt": "actor", "critic_opt": "critic"},
+    pbt=PBTSupport(SEARCH_SPACES["td3"], policy_state=("actor", "target_actor"),
+                   optimizer_state={"actor_opt": "actor", "critic_opt": "critic"}),
+    report=Report(actor_params=lambda state: state.actor),
+    fit=RunFit(specialize=specialize),
 )
