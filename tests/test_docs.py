@@ -39,12 +39,15 @@ RUN_BY = {
     ("docs/devices.md", "Many machines", 2):
         "test_distributed.py::test_the_guide_slurm_script_runs_under_a_stand_in_srun",
     ("docs/experiments.md", "Comparing runs", 1): "test_compare.py::test_the_guide_compare_command_runs_on_three_runs",
+    ("docs/gpu.md", "Install", 0): "test_docs.py::test_the_gpu_page_refusals_print_what_it_shows",
+    ("docs/gpu.md", "Precision: `matmul_precision`", 1): "test_docs.py::test_the_gpu_page_refusals_print_what_it_shows",
     ("docs/errors.md", "Bad input", 0): "test_docs.py::test_the_bad_input_examples_are_one_line_and_write_nothing",
     ("docs/errors.md", "Bad input", 1): "test_docs.py::test_the_config_error_example_prints_its_line",
     ("docs/extending.md", "Writing a learner", 0): "test_contracts.py::test_the_guide_learner_and_source_train",
     ("docs/extending.md", "Writing a replay source", 0): "test_contracts.py::test_the_guide_learner_and_source_train",
     ("docs/extending.md", "Writing a replay source", 1): "test_contracts.py::test_the_guide_learner_and_source_train",
     ("docs/extending.md", "Writing a driver", 0): "test_drivers.py::test_the_guide_driver_registers_and_trains",
+    ("docs/extending.md", "Writing a driver", 1): "test_drivers.py::test_the_guide_driver_registers_and_trains",
 }
 # The contributors' map lists signatures, not commands: its blocks are not run.
 NOT_RUN = {"docs/design.md"}
@@ -109,6 +112,9 @@ CLI_BLOCKS: dict[tuple[str, str, int], Spec] = {
     ("docs/devices.md", "Several devices", 0): Spec(),
     ("docs/benchmarks.md", "Benchmarks", 0): Spec(setup=_bench_targets),
     ("docs/experiments.md", "Comparing runs", 0): Spec(),
+    ("docs/gpu.md", "Precision: `matmul_precision`", 0): Spec(),
+    # three runs of the accelerator study (tiny sizes, vmap, vmap_scan and jax_seq only): minutes on a CPU
+    ("docs/gpu.md", "The speed studies compare equal arithmetic", 0): Spec(setup=_bench_targets, slow=True),
 }
 
 
@@ -154,6 +160,21 @@ def test_the_make_commands_exist():
     for words in lines:
         result = subprocess.run([*words[:1], "-n", "-C", str(ROOT), *words[1:]], capture_output=True, text=True)
         assert result.returncode == 0, (words, result.stderr)
+
+
+def test_the_gpu_page_refusals_print_what_it_shows(tmp_path, monkeypatch, capsys):
+    """docs/gpu.md's two refusals, each followed by the line it prints: a misspelt ACCEL (make, exit 2) and a
+    misspelt matmul_precision (popjax, exit 2, nothing written)."""
+    shown = block("docs/gpu.md", "Install", 0).text.splitlines()
+    assert shown[0] == "$ make install ACCEL=rocm"
+    result = subprocess.run(["make", "-n", "-C", str(ROOT), "install", "ACCEL=rocm"], capture_output=True, text=True)
+    assert result.returncode == 2 and shown[1].split(" *** ")[1] in result.stderr, result.stderr
+    monkeypatch.chdir(tmp_path)
+    example = block("docs/gpu.md", "Precision: `matmul_precision`", 1)
+    (command,) = commands(example)
+    assert cli.main(command.argv) == 2
+    assert capsys.readouterr().err == example.text.splitlines()[1] + "\n"
+    assert not list(tmp_path.iterdir())
 
 
 def test_the_python_run_example(tmp_path, monkeypatch, capsys):
