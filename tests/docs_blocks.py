@@ -80,7 +80,7 @@ def commands(block: Block, program: str = "popjax") -> list[Command]:
     found = []
     for line in joined.splitlines():
         code, _, comment = line.partition("  #")
-        words = shlex.split(code)
+        words = shlex.split(code.removeprefix("$ "))  # a shell prompt before a command
         env = {}
         while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
             name, _, value = words.pop(0).partition("=")
@@ -109,7 +109,7 @@ def tiny_argv(argv: list[str], train: list[str] = TINY_TRAIN) -> list[str]:
         return argv + train
     if argv[0] == "resume":
         return argv + ["--no-progress"]
-    if argv[:2] == ["bench", "update"] and "--help" not in argv:
+    if argv[:2] in (["bench", "update"], ["bench", "accelerator"]) and "--help" not in argv:
         return argv + TINY_BENCH
     return argv
 

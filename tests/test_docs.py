@@ -39,12 +39,15 @@ RUN_BY = {
     ("docs/devices.md", "Many machines", 2):
         "test_distributed.py::test_the_guide_slurm_script_runs_under_a_stand_in_srun",
     ("docs/experiments.md", "Comparing runs", 1): "test_compare.py::test_the_guide_compare_command_runs_on_three_runs",
+    ("docs/gpu.md", "Install", 0): "test_docs.py::test_the_gpu_page_refusals_print_what_it_shows",
+    ("docs/gpu.md", "Precision: `matmul_precision`", 1): "test_docs.py::test_the_gpu_page_refusals_print_what_it_shows",
     ("docs/errors.md", "Bad input", 0): "test_docs.py::test_the_bad_input_examples_are_one_line_and_write_nothing",
     ("docs/errors.md", "Bad input", 1): "test_docs.py::test_the_config_error_example_prints_its_line",
     ("docs/extending.md", "Writing a learner", 0): "test_contracts.py::test_the_guide_learner_and_source_train",
     ("docs/extending.md", "Writing a replay source", 0): "test_contracts.py::test_the_guide_learner_and_source_train",
     ("docs/extending.md", "Writing a replay source", 1): "test_contracts.py::test_the_guide_learner_and_source_train",
     ("docs/extending.md", "Writing a driver", 0): "test_drivers.py::test_the_guide_driver_registers_and_trains",
+    ("docs/extending.md", "Writing a driver", 1): "test_drivers.py::test_the_guide_driver_registers_and_trains",
 }
 # The contributors' map lists signatures, not commands: its blocks are not run.
 NOT_RUN = {"docs/design.md"}
@@ -58,6 +61,7 @@ class Spec:
     setup: Callable[[Path], None] | None = None
     check: Callable[[Path], None] | None = None
     slow: bool = False
+    process: bool = False  # each command in a process of its own (it needs JAX to start with its own devices)
 
 
 def _sweep_yaml(cwd: Path) -> None:
@@ -67,7 +71,9 @@ def _sweep_yaml(cwd: Path) -> None:
 def _sweep_check(cwd: Path) -> None:
     config = (cwd / "runs" / "sweep" / "config.yaml").read_text()
     assert "seed: 1" in config and "discount: 0.98" in config and "critic_lr:" in config
-    assert list((cwd / "runs" / "sweep" / "tensorboard").glob("events.out.tfevents.*"))
+    # --overwrite replaced the first run (with TensorBoard) by the second (without): its event files went too
+    assert not list((cwd / "runs" / "sweep").glob("tensorboard/events.out.tfevents.*"))
+    assert (cwd / "runs" / "sweep" / "plots" / "learning_curves.png").exists()
 
 
 def _run_the_load_policy_block(cwd: Path) -> None:
@@ -102,10 +108,13 @@ CLI_BLOCKS: dict[tuple[str, str, int], Spec] = {
     ("docs/drivers.md", "Tuning with PBT", 0): Spec(train=TUNING, check=_lineage_check),
     ("docs/drivers.md", "HTS-RL", 0): Spec(),
     ("docs/environments.md", "Environments", 0): Spec(slow=True),  # brax compiles for minutes on a CPU
-    ("docs/environments.md", "Overlapping acting and learning", 0): Spec(),
+    ("docs/environments.md", "Overlapping acting and learning", 0): Spec(process=True),  # adds a host device
     ("docs/devices.md", "Several devices", 0): Spec(),
     ("docs/benchmarks.md", "Benchmarks", 0): Spec(setup=_bench_targets),
     ("docs/experiments.md", "Comparing runs", 0): Spec(),
+    ("docs/gpu.md", "Precision: `matmul_precision`", 0): Spec(),
+    # three runs of the accelerator study (tiny sizes, vmap, vmap_scan and jax_seq only): minutes on a CPU
+    ("docs/gpu.md", "The speed studies compare equal arithmetic", 0): Spec(setup=_bench_targets, slow=True),
 }
 
 
@@ -153,7 +162,25 @@ def test_the_make_commands_exist():
         assert result.returncode == 0, (words, result.stderr)
 
 
+def test_the_gpu_page_refusals_print_what_it_shows(tmp_path, monkeypatch, capsys):
+    """docs/gpu.md's two refusals, each followed by the line it prints: a misspelt ACCEL (make, exit 2) and a
+    misspelt matmul_precision (popjax, exit 2, nothing written)."""
+    shown = block("docs/gpu.md", "Install", 0).text.splitlines()
+    assert shown[0] == "$ make install ACCEL=rocm"
+    result = subprocess.run(["make", "-n", "-C", str(ROOT), "install", "ACCEL=rocm"], capture_output=True, text=True)
+    assert result.returncode == 2 and shown[1].split(" *** ")[1] in result.stderr, result.stderr
+    monkeypatch.chdir(tmp_path)
+    example = block("docs/gpu.md", "Precision: `matmul_precision`", 1)
+    (command,) = commands(example)
+    assert cli.main(command.argv) == 2
+    assert capsys.readouterr().err == example.text.splitlines()[1] + "\n"
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_python_run_example(tmp_path, monkeypatch, capsys):
+    from learner_helpers import use_shared_xla_cache
+
+    use_shared_xla_cache()
     monkeypatch.chdir(tmp_path)
     make_config = popjax.make_config
     monkeypatch.setattr(popjax, "make_config", lambda **kw: make_config(**{**kw, **TINY_OPTIONS}))
@@ -184,9 +211,9 @@ def test_the_config_error_example_prints_its_line(tmp_path, monkeypatch, capsys)
     assert not list(tmp_path.iterdir())
 
 
-def _popjax(command, cwd: Path, train: list[str]) -> tuple[int, str]:
+def _popjax(command, cwd: Path, train: list[str], process: bool = False) -> tuple[int, str]:
     argv = tiny_argv(command.argv, train)
-    if command.env:  # XLA_FLAGS and the like act before JAX starts: a process of its own
+    if command.env or process:  # XLA_FLAGS and the like act before JAX starts: a process of its own
         env = dict(os.environ, **command.env, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"),
                                                                            os.environ.get("PYTHONPATH", "")]))
         result = subprocess.run([sys.executable, "-m", "popjax", *argv], cwd=cwd, env=env, capture_output=True,
@@ -217,7 +244,7 @@ def test_the_cli_block_runs(key, tmp_path, monkeypatch):
     found = commands(block(*key))
     assert found, key
     for command in found:
-        code, err = _popjax(command, tmp_path, TINY_TRAIN + list(spec.train))
+        code, err = _popjax(command, tmp_path, TINY_TRAIN + list(spec.train), spec.process)
         assert code == 0, (command.argv, err[-3000:])
         if command.argv[0] == "train" and out_dir(command.argv):
             assert (tmp_path / out_dir(command.argv) / "summary.json").exists(), command.argv

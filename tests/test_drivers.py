@@ -72,15 +72,14 @@ def test_state_counters_metrics_and_evaluation_shapes(name):
 
 
 def test_members_are_independent_only_where_the_driver_and_its_options_say_so():
-    """``DriverDef.independent_members`` for every driver, HTS's ``population: pbt`` coupling its members, and a
-    driver that declares nothing (its members are not taken as independent samples)."""
+    """``DriverDef.independent_members`` for every driver and HTS's ``population: pbt`` coupling its members (a
+    driver that declares nothing: test_the_guide_driver_declares_dependent_members)."""
     def independent(name, **extra):
         definition = DRIVERS[name]
         return definition.members_independent(definition.parse_options(make_config(**{**options(name), **extra})))
 
     assert {name for name in DRIVERS if independent(name)} == INDEPENDENT_MEMBERS
     assert not independent("hts", hts={"alpha": 25, "executors": 3, "population": "pbt"}, pbt={"interval": 100})
-    assert not RANDOM_SEARCH.members_independent(RandomSearchOptions())
 
 
 @pytest.mark.parametrize("name", sorted(DRIVERS))
@@ -119,24 +118,37 @@ def test_every_program_traces_once_and_kill_then_resume_is_exact(name, compilers
 
 
 # --- a driver defined outside popjax: the guide's (docs/extending.md, "Writing a driver") ----------------------
-def test_the_guide_driver_registers_and_trains(tmp_path, monkeypatch):
-    """The guide's random-search driver, run as written: it registers with one line and trains 4 generations of
-    one episode per member; a misspelt option is one line; the same seed gives the same state."""
-    monkeypatch.chdir(tmp_path)
+GUIDE = "docs/extending.md"
+
+
+@pytest.fixture
+def guide_driver():
+    """The guide's random-search driver: its first block defines and registers it."""
     try:
-        namespace = run_python(block("docs/extending.md", "Writing a driver", 0))
-        run = namespace["run"]
-        out = tmp_path / "runs" / "random-search"
-        summary = json.loads((out / "summary.json").read_text())
-        assert summary["driver"] == "random_search" and summary["env_steps"] == 800  # 4 generations of 200 steps
-        assert summary["search_best_return"] == float(run.state.best_return) > -2000
-        rows = metric_rows(out)
-        assert [int(r["env_steps"]) for r in rows] == [400] * 4 + [800] * 4
-        assert "fitness" in rows[0] and (out / "plots" / "learning_curves.png").exists()
-        options = yaml.safe_load((out / "config.yaml").read_text())  # the resolved options of the guide's run
-        with pytest.raises(popjax.ConfigError, match=r"random_search\.sgima: unknown key \(allowed: sigma\)"):
-            popjax.train(out_dir=tmp_path / "bad", **{**options, "random_search": {"sgima": 0.1}})
-        again = popjax.train(out_dir=tmp_path / "again", **options)
-        assert_trees_equal(again.state, run.state)  # same seed, same results
+        yield run_python(block(GUIDE, "Writing a driver", 0))
     finally:
         DRIVERS.pop("random_search", None)
+
+
+def test_the_guide_driver_declares_dependent_members(guide_driver):
+    """A driver that declares nothing: its members are not taken as independent samples."""
+    assert not guide_driver["RANDOM_SEARCH"].members_independent(guide_driver["RandomSearchOptions"]())
+
+
+def test_the_guide_driver_registers_and_trains(guide_driver, tmp_path, monkeypatch):
+    """The guide's random-search driver, run as written (its second block): it trains 4 generations of one episode
+    per member; a misspelt option is one line; the same seed gives the same state."""
+    monkeypatch.chdir(tmp_path)
+    run = run_python(block(GUIDE, "Writing a driver", 1), guide_driver)["run"]
+    out = tmp_path / "runs" / "random-search"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["driver"] == "random_search" and summary["env_steps"] == 800  # 4 generations of 200 steps
+    assert summary["search_best_return"] == float(run.state.best_return) > -2000
+    rows = metric_rows(out)
+    assert [int(r["env_steps"]) for r in rows] == [400] * 4 + [800] * 4
+    assert "fitness" in rows[0] and (out / "plots" / "learning_curves.png").exists()
+    options = yaml.safe_load((out / "config.yaml").read_text())  # the resolved options of the guide's run
+    with pytest.raises(popjax.ConfigError, match=r"random_search\.sgima: unknown key \(allowed: sigma\)"):
+        popjax.train(out_dir=tmp_path / "bad", **{**options, "random_search": {"sgima": 0.1}})
+    again = popjax.train(out_dir=tmp_path / "again", **options)
+    assert_trees_equal(again.state, run.state)  # same seed, same results
