@@ -48,7 +48,7 @@ def _accepts(learner: str, driver: str) -> str:
         return "yes"
     except ConfigError:
         pass
-    if driver != "pbt" or definition.search_space is not None:
+    if driver != "pbt" or definition.pbt.search_space is not None:
         return "no"
     first = next(iter(hparam_bounds(definition.hparams_cls)))
     default = getattr(jax.device_get(definition.default_hparams(None)), first).item()
@@ -94,7 +94,7 @@ def render() -> str:
         helps = hparam_help(definition.hparams_cls)
         rows = [(f"`{h}`", helps[h], f"{getattr(defaults, h).item():.7g}", n.describe())
                 for h, n in hparam_bounds(definition.hparams_cls).items()]
-        prior = definition.search_space
+        prior = definition.pbt.search_space
         out += [f"### `{name}` hparams", ""] + _table(rows, ("hparam", "meaning", "default", "allowed"))
         out += [f"PBT prior: {', '.join(f'`{k}`' for k in prior)}." if prior else
                 "PBT prior: none (under `pbt`, give a `search_space`).", ""]
