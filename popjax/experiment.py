@@ -100,7 +100,7 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
     if not isinstance(learner.step, definition.step_kind):  # a registry entry that contradicts its learner
         raise TypeError(f"learner {config.learner}: make returned a {type(learner.step).__name__}, its LearnerDef "
                         f"declares {definition.step_kind.__name__}")
-    if definition.policy_state or definition.optimizer_state:  # PBT's copy: policy / reset_optimizer act on them
+    if definition.pbt.policy_state or definition.pbt.optimizer_state:  # what copy: policy / reset_optimizer touch
         first = jax.tree.map(lambda x: x[0], hparams)
         state = jax.eval_shape(learner.init, key_for(config.seed, KeyPurpose.INIT), first)  # shapes only
         if (why := declared_state_problem(definition, state)) is not None:

@@ -174,7 +174,7 @@ def test_member_hparams_really_differ():
         assert trees_differ(hps[0], hps[1]) and trees_differ(hps[1], hps[2])
 
 
-# --- LearnerDef.policy_state / optimizer_state against init's state (issue 37) ---------------------------------
+# --- PBTSupport.policy_state / optimizer_state against init's state (issue 37) ---------------------------------
 def _env(name):
     return "probe:pendulum" if LEARNERS[name].action_kind == "continuous" else "probe:cartpole"
 
@@ -193,15 +193,16 @@ def test_declared_policy_and_optimizer_fields_resolve_in_init_state(name):
     learner = definition.make(config, registry.env_spec(_env(name)))
     state = jax.eval_shape(learner.init, jax.random.key(0), definition.default_hparams(config))
     assert declared_state_problem(definition, state) is None
-    for path in (*definition.policy_state, *definition.optimizer_state, *definition.optimizer_state.values()):
+    support = definition.pbt
+    for path in (*support.policy_state, *support.optimizer_state, *support.optimizer_state.values()):
         assert jax.tree.leaves(get_path(state, path)), path
 
 
 @pytest.mark.parametrize("change, message", [
     ({"policy_state": ("actor", "target_actr")},
-     "learner td3: LearnerDef.policy_state 'target_actr': init's state has no field 'target_actr'"),
+     "learner td3: PBTSupport.policy_state 'target_actr': init's state has no field 'target_actr'"),
     ({"optimizer_state": {"actor_opt": "critic", "critic_opt": "actor"}},
-     "learner td3: LearnerDef.optimizer_state 'actor_opt': holds no state shaped like the params 'critic' it is "
+     "learner td3: PBTSupport.optimizer_state 'actor_opt': holds no state shaped like the params 'critic' it is "
      "said to update"),
 ])
 def test_a_wrong_declared_field_is_refused_when_the_run_is_built(monkeypatch, change, message):
@@ -211,7 +212,8 @@ def test_a_wrong_declared_field_is_refused_when_the_run_is_built(monkeypatch, ch
     from popjax.config import make_config
     from popjax.experiment import build
 
-    monkeypatch.setitem(LEARNERS, "td3", dataclasses.replace(LEARNERS["td3"], **change))
+    td3 = LEARNERS["td3"]
+    monkeypatch.setitem(LEARNERS, "td3", dataclasses.replace(td3, pbt=dataclasses.replace(td3.pbt, **change)))
     with pytest.raises(TypeError) as err:
         build(make_config(learner="td3", env="probe:pendulum", pop_size=2))
     assert str(err.value) == message

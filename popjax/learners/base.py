@@ -266,27 +266,27 @@ class LearnerDef:
 
 
 def declared_state_problem(definition: LearnerDef, state: PyTree) -> str | None:
-    """Why ``definition``'s ``policy_state``/``optimizer_state`` do not fit ``state`` (its learner's ``init``
+    """Why ``definition.pbt``'s ``policy_state``/``optimizer_state`` do not fit ``state`` (its learner's ``init``
     output; shapes suffice), or None: every dotted path names a field, and each optimizer state holds a tree
     shaped like the params it updates (what PBT's ``copy: policy`` and ``reset_optimizer`` act on)."""
     def field(path: str, what: str):
         node = state
         for name in path.split("."):
             if not hasattr(node, name):
-                return None, f"LearnerDef.{what} {path!r}: init's state has no field {name!r}"
+                return None, f"PBTSupport.{what} {path!r}: init's state has no field {name!r}"
             node = getattr(node, name)
         return node, None
 
-    for path in definition.policy_state:
+    for path in definition.pbt.policy_state:
         if (why := field(path, "policy_state")[1]) is not None:
             return why
-    for opt_path, params_path in definition.optimizer_state.items():
+    for opt_path, params_path in definition.pbt.optimizer_state.items():
         (opt, why), (params, why_params) = field(opt_path, "optimizer_state"), field(params_path, "optimizer_state")
         if why or why_params:
             return why or why_params
         shapes = lambda tree: Counter(tuple(x.shape) for x in jax.tree.leaves(tree))  # noqa: E731
         if shapes(params) - shapes(opt):
-            return (f"LearnerDef.optimizer_state {opt_path!r}: holds no state shaped like the params "
+            return (f"PBTSupport.optimizer_state {opt_path!r}: holds no state shaped like the params "
                     f"{params_path!r} it is said to update")
     return None
 
