@@ -1,19 +1,44 @@
 # Every target creates .venv and installs the pinned dependencies first, so each works on a fresh machine.
+#
+# ACCEL picks the accelerator the environment is for (docs/gpu.md):
+#   make install                 cpu (the default): requirements.lock, PyTorch's CPU wheel
+#   make install ACCEL=cuda12    NVIDIA GPUs, CUDA 12: requirements-cuda12.lock (JAX's CUDA 12 plugin), CUDA PyTorch
+#   make install ACCEL=cuda13    NVIDIA GPUs, CUDA 13: requirements-cuda13.lock (JAX's CUDA 13 plugin, CUDA PyTorch)
+# The environment remembers its accelerator (.venv/.accelerator): later targets (make test, make bench-accelerator)
+# reuse it without ACCEL; naming another ACCEL replaces the environment with a fresh one.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+ACCELS := cpu cuda12 cuda13
+VENV_ACCEL := $(or $(shell cat $(VENV)/.accelerator 2>/dev/null),cpu)
+ACCEL ?= $(VENV_ACCEL)
+ifeq ($(filter $(ACCEL),$(ACCELS)),)
+$(error ACCEL: unknown accelerator '$(ACCEL)' (allowed: cpu, cuda12, cuda13))
+endif
+LOCK := $(if $(filter cpu,$(ACCEL)),requirements.lock,requirements-$(ACCEL).lock)
+# PyTorch for the speed studies' baselines, after the lock: cpu, the local CPU wheel (never the multi-GB CUDA build
+# from the index); cuda12, the CUDA 12.8 build from the PyTorch index (not on PyPI; not verified where the locks
+# were made); cuda13: in requirements-cuda13.lock (PyPI's torch 2.13.0 is the CUDA 13.0 build).
+TORCH_cpu := "torch==2.13.0+cpu"
+TORCH_cuda12 := --extra-index-url https://download.pytorch.org/whl/cu128 "torch==2.13.0+cu128"
+TORCH_cuda13 :=
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: install run test test-slow test-processes lint bench bench-accelerator results clean
+.PHONY: install run test test-slow test-processes lint docs bench bench-accelerator results clean
+ifneq ($(ACCEL),$(VENV_ACCEL))
+.PHONY: $(STAMP)  # the environment is for another accelerator: install afresh
+endif
 
-$(STAMP): pyproject.toml benchmarks/pyproject.toml requirements.lock
+$(STAMP): pyproject.toml benchmarks/pyproject.toml requirements.lock $(LOCK)
+	if [ -e $(STAMP) ] && [ "$(VENV_ACCEL)" != "$(ACCEL)" ]; then rm -rf $(VENV); fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q -r $(LOCK)
 	$(BIN)/pip install -q --no-deps -e .
 	$(BIN)/pip install -q --no-deps -e benchmarks
-	$(BIN)/pip install -q "torch==2.13.0+cpu" || echo "PyTorch CPU wheel not available: the PyTorch benchmark baseline and its tests will be skipped"
+	$(if $(TORCH_$(ACCEL)),$(BIN)/pip install -q $(TORCH_$(ACCEL)) || echo "PyTorch ($(ACCEL)) not available: the PyTorch benchmark baselines and their tests will be skipped")
+	echo $(ACCEL) > $(VENV)/.accelerator
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -39,6 +64,12 @@ test-processes: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check popjax tests benchmarks experiments
+
+# The user guide (docs/, mkdocs.yml): the option reference regenerated from the schema, then the site built into
+# site/ with every link and anchor checked (tests/test_docs.py runs the same build and every documented command).
+docs: $(STAMP)
+	$(BIN)/python tests/docs_reference.py
+	$(BIN)/mkdocs build --strict
 
 # The fast-PBT speed studies at sizes that fit a 2-core CPU in about 70 minutes (quiet machine: ~52 min of
 # measurement, ~8 min of waiting between studies, see below); each writes
@@ -88,10 +119,10 @@ results: $(STAMP)
 
 # The fast-PBT paper's Fig. 2 (update vs N up to 256, TD3 and SAC, popjax against JAX sequential and the PyTorch
 # variants on the same device) on whatever accelerator JAX sees; writes benchmarks/results/update_<device>.json
-# (+ .png) naming the device. On a GPU machine install jax[cuda12] and a CUDA PyTorch wheel first.
+# (+ .png) naming the device. On a GPU machine install for it first: make install ACCEL=cuda12 (or cuda13).
 bench-accelerator: $(STAMP)
 	$(BENCH) accelerator $(QUIET)
 	$(BENCH) report
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

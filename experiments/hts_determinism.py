@@ -47,20 +47,20 @@ def negative_control(mode: str, spec, warmup: int):
     """The driver's act replaced by a control expected to break equality (``HtsInteraction.act_override``):
     ``shape``: each member's available rows alone (a batch whose shape depends on timing); ``keys``: one key per
     member and call, whatever the rows (randomness from arrival order)."""
-    def act(programs, key, acting, obs, t, valid) -> np.ndarray:
+    def act(programs, key, acting, obs, t, valid) -> tuple[np.ndarray, None]:
         out = np.zeros(valid.shape + spec.action_shape, np.dtype(spec.action_dtype))
         keys = programs["row_keys"](key, jnp.asarray(t))
         for m in np.flatnonzero(valid.any(axis=1)):
             rows = np.flatnonzero(valid[m])
             params, hparams = jax.tree.map(lambda x, m=m: x[m], (acting.learner, acting.hparams))
             if mode == "shape":
-                got = _ACT_MEMBER(programs["act_rows"], keys[m][rows], params, hparams, jnp.asarray(obs[m][rows]),
-                                  acting.counters.env_steps < warmup)
+                got, _ = _ACT_MEMBER(programs["act_rows"], keys[m][rows], params, hparams, jnp.asarray(obs[m][rows]),
+                                     acting.counters.env_steps < warmup)
             else:
                 k_ = jax.random.fold_in(key, time.perf_counter_ns() % 2**31)
-                got = programs["learner_act"](k_, params, jnp.asarray(obs[m][rows]), hparams)
+                got, _ = programs["learner_act"](k_, params, jnp.asarray(obs[m][rows]), hparams)
             out[m, rows] = np.asarray(got)
-        return out
+        return out, None
 
     return act
 

@@ -26,6 +26,7 @@ _FLAGS = {
     "update_ratio": "update_ratio", "warmup": "warmup_steps", "batch_size": "batch_size",
     "buffer_size": "buffer_size", "eval_interval": "eval_interval", "eval_episodes": "eval_episodes",
     "devices": "devices", "parallel": "parallel", "overlap": "overlap", "checkpoint_interval": "checkpoint_interval",
+    "matmul_precision": "matmul_precision",
 }
 
 
@@ -146,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--learner-config", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                        help="static learner option, e.g. hidden=[64,64] (repeatable; keys below)")
     train.add_argument("--set", action="append", type=_key_value, default=[], metavar="OPTION=VALUE",
-                       help="any other option, e.g. tensorboard=true or pbt={interval: 5000} (repeatable; "
+                       help="any other option, e.g. logger=[tensorboard,wandb] or pbt={interval: 5000} (repeatable; "
                        "options and driver blocks below)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     train.add_argument("--preset", default=None, choices=("auto", "none"),
@@ -162,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--no-progress", action="store_true")
     for command in (train, resume):
+        command.add_argument("--compile-cache", default=None, metavar="DIR|off",
+                             help="JAX's persistent compilation cache: a folder, or off (default: "
+                                  "$POPJAX_COMPILE_CACHE, else ~/.cache/popjax/jax; never inside the run directory)")
         _add_job_arguments(command)
 
     plot = sub.add_parser("plot", help="(re)draw the plots of a run directory")
@@ -350,13 +354,16 @@ def _load_yaml(path: Path, flag: str = "--config") -> dict[str, Any]:
     return data
 
 
+_NAMED = ("env", "learner", "driver", "parallel", "matmul_precision")  # taken as written, not read as YAML
+
+
 def train_options(args: argparse.Namespace) -> dict[str, Any]:
     """Merges --config, flags, --hparam, --learner-config and --set into RunConfig options."""
     options = _load_yaml(args.config) if args.config else {}
     for flag, field in _FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
-            options[field] = _yaml_value(field, value) if field not in ("env", "learner", "driver", "parallel") \
+            options[field] = _yaml_value(field, value) if field not in _NAMED \
                 else value
     for key, pairs in (("hparams", args.hparam), ("learner_config", args.learner_config)):
         if pairs:
@@ -368,12 +375,15 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
     options.update(dict(args.set))
     if args.schedule is not None:
         from popjax.drivers.schedule import schedule_options
+        from popjax.registry import DRIVERS
 
-        if options.get("driver", "independent") != "independent":
-            raise ConfigError(f"driver: --schedule trains without PBT (allowed: independent), got "
-                              f"{options['driver']!r}")
-        options["driver"] = "independent"
-        options["independent"] = schedule_options(_load_yaml(args.schedule, "--schedule"), args.schedule)
+        replaying = [name for name, d in DRIVERS.items() if "schedule" in d.options.model_fields]
+        driver = options.get("driver", replaying[0])  # the drivers whose options replay a schedule
+        if driver not in replaying:
+            raise ConfigError(f"driver: --schedule trains without PBT (allowed: {', '.join(replaying)}), got "
+                              f"{driver!r}")
+        options["driver"] = driver
+        options[driver] = schedule_options(_load_yaml(args.schedule, "--schedule"), args.schedule)
     if args.preset is not None:
         options["preset"] = args.preset
     if args.no_progress:
@@ -441,11 +451,13 @@ def main(argv: list[str] | None = None) -> int:
 
             options = train_options(args)
             out = args.out or Path("runs") / f"{options.get('learner', 'td3')}-{options.get('env', 'default')}"
-            _print_results(train(out_dir=str(out).replace(":", "_"), overwrite=args.overwrite, **options))
+            _print_results(train(out_dir=str(out).replace(":", "_"), overwrite=args.overwrite,
+                                 compile_cache=args.compile_cache, **options))
         elif args.command == "resume":
             from popjax.experiment import resume
 
-            _print_results(resume(args.run_dir, **({"progress": False} if args.no_progress else {})))
+            _print_results(resume(args.run_dir, compile_cache=args.compile_cache,
+                                  **({"progress": False} if args.no_progress else {})))
         elif args.command == "pbt-schedule":
             from popjax.experiment import pbt_schedule
 

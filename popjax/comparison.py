@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from popjax import stats
-from popjax.config import ConfigError
+from popjax.config import ConfigError, make_config
+from popjax.registry import DRIVERS
 from popjax.rundir import RunDir
 
 MARK = ".popjax-compare"  # a directory compare created: only it is written into again
@@ -127,9 +128,19 @@ class Unit:
     curve: np.ndarray  # [k, 3]: env_steps, wall_s, score
 
 
+def _members_independent(config: dict) -> bool:
+    """Whether the run's driver, with the options it ran with, trains independent members (``DriverDef``)."""
+    definition = DRIVERS.get(config.get("driver"))
+    try:
+        options = definition.parse_options(make_config(**config))
+    except (AttributeError, ConfigError):  # a driver not registered here, a config this popjax refuses: one unit
+        return False
+    return definition.members_independent(options)
+
+
 def _units(run: RunData, group: str, score: str) -> list[Unit]:
     task = str(run.config.get("env"))
-    if run.config.get("driver") == "independent":
+    if _members_independent(run.config):
         base = run.config.get("seed", 0)
         return [Unit(group, task, f"{base}:{m}", c) for m, c in run.curves.items()]
     steps = sorted(set().union(*(c[:, 0].tolist() for c in run.curves.values())))

@@ -22,7 +22,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from popjax import schema
-from popjax.registry import DRIVERS, LEARNERS, SOURCES
+from popjax.precision import MATMUL_PRECISIONS
+from popjax.registry import DRIVERS, LEARNERS, LOGGERS, SOURCES
 from popjax.schema import (
     INT32_MAX,
     AnyMapping,
@@ -33,13 +34,14 @@ from popjax.schema import (
     Invalid,
     Kind,
     OneOf,
+    SomeOf,
     fail,
     show,
     validate,
 )
 
 __all__ = ["ConfigError", "PARALLEL_MODES", "RunConfig", "check_memory", "check_options", "make_config",
-           "make_learner_config"]
+           "make_learner_config", "saved_options"]
 
 PARALLEL_MODES = ("sharding", "pmap")
 MAX_STEPS = 2**30  # env steps per member: int32 counters (plus one iteration) never overflow
@@ -56,6 +58,13 @@ def _sources() -> tuple[str, ...]:
 
 def _drivers() -> tuple[str, ...]:
     return tuple(DRIVERS)
+
+
+def _loggers() -> tuple[str, ...]:
+    return tuple(LOGGERS)
+
+
+DEFAULT_BUFFER = "uniform"  # the run's replay source when it names none (and the one on-policy runs keep)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +114,7 @@ class RunConfig:
         100_000, description="replay capacity in transitions, per member (shared buffers: in total); "
         "must fit in the machine's memory")
     buffer: OneOf(_sources) = Field(
-        "uniform", description="the replay source: uniform, or prioritized by |TD error| (K-ary sum tree; "
+        DEFAULT_BUFFER, description="the replay source: uniform, or prioritized by |TD error| (K-ary sum tree; "
         "independent and pbt drivers; learners that return TD magnitudes, spo_dqn/spo_td3 with one bank per replica)")
     per_alpha: Float(ge=0, le=1) = Field(0.6, description="prioritized replay: priority exponent, (|TD| + eps)^alpha "
                                                           "(popjax default)")
@@ -142,7 +151,13 @@ class RunConfig:
     checkpoint_interval: Int(ge=0, le=MAX_STEPS) = Field(
         0, description="env steps per member between checkpoints; 0 = at evaluations only")
     progress: Bool = Field(True, description="show progress: a bar on a terminal, complete lines in a log or file")
-    tensorboard: Bool = Field(False, description="also write every metric to <run_dir>/tensorboard/")
+    logger: SomeOf(_loggers) = Field(
+        (), description="where every metric also goes: tensorboard (<run_dir>/tensorboard/), wandb (one Weights & "
+        "Biases run per population: members' curves and hparams, PBT's exploits; pip install 'popjax[wandb]')")
+    matmul_precision: OneOf(MATMUL_PRECISIONS) = Field(
+        "default", description="arithmetic of every matrix product and convolution the run compiles: default (JAX's: "
+        "TF32 on a recent NVIDIA GPU, float32 on a CPU), tf32, highest (full float32) or bf16 (bfloat16 operands, "
+        "float32 accumulation, float32 parameters and optimizer); see docs/gpu.md")
 
     @model_validator(mode="after")
     def _check(self):
@@ -169,6 +184,15 @@ class RunConfig:
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "driver_options"}
         out.update({name: _plain(block) for name, block in self.driver_options.items()})
         return out
+
+
+def saved_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved configuration (a run's config.yaml, a checkpoint's) in today's options: runs written before
+    ``logger`` existed say ``tensorboard: true`` (now ``logger: [tensorboard]``) or ``tensorboard: false``."""
+    options = dict(options)
+    if isinstance(options.get("tensorboard"), bool) and "logger" not in options:
+        options["logger"] = ["tensorboard"] if options.pop("tensorboard") else []
+    return options
 
 
 def _plain(value):
@@ -202,9 +226,9 @@ def _check_run(config: RunConfig) -> None:
         what = f"the on-policy learner {c.learner}" if LEARNERS[c.learner].on_policy else f"the learner {c.learner}"
         fail(f"the {c.driver} driver trains from a replay buffer, not {what} (allowed: {allowed})", at=("driver",),
              nested=True)
-    if DRIVERS[c.driver].shared_critic and LEARNERS[c.learner].own_replay:
+    if DRIVERS[c.driver].shared_critic and LEARNERS[c.learner].fit.own_replay:
         allowed = ", ".join(name for name, d in DRIVERS.items() if not d.shared_critic and d.accepts_step(step_kind))
-        fail(f"{c.learner} {LEARNERS[c.learner].own_replay}, and the {c.driver} driver trains from one buffer "
+        fail(f"{c.learner} {LEARNERS[c.learner].fit.own_replay}, and the {c.driver} driver trains from one buffer "
              f"shared by the population (allowed drivers: {allowed})", at=("learner",), nested=True)
     if DRIVERS[c.driver].shared_critic and LEARNERS[c.learner].shared_critic is None:
         offering = ", ".join(name for name, d in LEARNERS.items() if d.shared_critic is not None)
@@ -213,14 +237,15 @@ def _check_run(config: RunConfig) -> None:
     if c.overlap and LEARNERS[c.learner].on_policy:  # learn never sees the snapshot that acted
         fail(f"acting one update behind would hand the on-policy learner {c.learner} data of a policy its update "
              "does not know (allowed: false)", at=("overlap",), nested=True)
-    if c.buffer != "uniform" and LEARNERS[c.learner].on_policy:
-        fail(f"the on-policy learner {c.learner} keeps no replay buffer (allowed: uniform)", at=("buffer",),
-             nested=True)
+    if c.buffer != DEFAULT_BUFFER and LEARNERS[c.learner].on_policy:
+        fail(f"the on-policy learner {c.learner} keeps no replay buffer (allowed: {DEFAULT_BUFFER}, the default)",
+             at=("buffer",), nested=True)
     if not DRIVERS[c.driver].accepts_source(c.buffer):
         fail(f"the {c.driver} driver has no {c.buffer} replay (allowed: {', '.join(DRIVERS[c.driver].sources)})",
              at=("buffer",), nested=True)
-    if c.per_delay != 1 and c.buffer != "prioritized":
-        fail(f"only applies to buffer: prioritized, got {c.per_delay} with buffer: {c.buffer} (allowed: 1)",
+    if c.per_delay != 1 and "per_delay" not in SOURCES[c.buffer].options:
+        reading = ", ".join(name for name, d in SOURCES.items() if "per_delay" in d.options)
+        fail(f"only applies to buffer: {reading}, got {c.per_delay} with buffer: {c.buffer} (allowed: 1)",
              at=("per_delay",), nested=True)
     replay = not LEARNERS[c.learner].on_policy  # on-policy learners have no buffer and no warm-up
     if replay and c.batch_size > c.buffer_size:

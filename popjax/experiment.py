@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from popjax import distributed
+import jax
+
+from popjax import compile_cache, distributed
 from popjax.checkpoint import Checkpointer, CheckpointMismatch
-from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config
+from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config, saved_options
 from popjax.drivers import DRIVERS
 from popjax.drivers.base import BuildContext, OwnInteraction, Rollout
 from popjax.envs import registry
 from popjax.envs.base import make_vec_env
 from popjax.envs.runner import HostRunner, JaxRunner
 from popjax.learners import LEARNERS
+from popjax.learners.base import declared_state_problem
+from popjax.loggers import check_installed, close_loggers, open_loggers
 from popjax.loop import KeyPurpose, Loop, key_for
 from popjax.plots import learning_curves
 from popjax.population.hparams import Range, check_hparams, population_hparams
@@ -68,7 +73,7 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
                           f"{spec.describe_actions()}")
     check_memory(config, spec)  # replay buffers and evaluation batch, before anything is allocated
     learner_config = build_learner_config(config, definition)
-    if definition.check_env is not None and (found := definition.check_env(learner_config, spec)) is not None:
+    if definition.fit.check_env is not None and (found := definition.fit.check_env(learner_config, spec)) is not None:
         key, why = found  # an option the env cannot serve: one line now, not a traceback when first traced
         raise ConfigError(f"learner_config.{key}: {why}")
     try:
@@ -83,14 +88,23 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
         raise ConfigError(str(err)) from None
     driver_def = DRIVERS[config.driver]
     options = driver_def.parse_options(config)
-    if definition.specialize is not None:  # a static setting the run allows (TD3: a fixed policy delay)
-        learner_config = definition.specialize(learner_config, hparams, config.updates_per_iter,
+    # A static setting the run allows (TD3: a fixed policy delay). ``writes_back``: the source writes back for every
+    # learner; one that writes back only a refreshing learner's values (``keeps_refreshed``) serves learners whose
+    # step refreshes, which is known once made (ReF-ER: chunk 1, nothing to specialize).
+    if definition.fit.specialize is not None:
+        learner_config = definition.fit.specialize(learner_config, hparams, config.updates_per_iter,
                                                options.searched_hparams(),
                                                exact_chunks=not SOURCES[config.buffer].writes_back)
     learner = definition.make(learner_config, spec)
+    _check_hooks(config, driver_def, learner)
     if not isinstance(learner.step, definition.step_kind):  # a registry entry that contradicts its learner
         raise TypeError(f"learner {config.learner}: make returned a {type(learner.step).__name__}, its LearnerDef "
                         f"declares {definition.step_kind.__name__}")
+    if definition.policy_state or definition.optimizer_state:  # PBT's copy: policy / reset_optimizer act on them
+        first = jax.tree.map(lambda x: x[0], hparams)
+        state = jax.eval_shape(learner.init, key_for(config.seed, KeyPurpose.INIT), first)  # shapes only
+        if (why := declared_state_problem(definition, state)) is not None:
+            raise TypeError(f"learner {config.learner}: {why}")
     ctx = BuildContext(config=config, spec=spec, learner_def=definition, learner_config=learner_config,
                        learner=learner, hparams=hparams, members=Members(config.pop_size),
                        setup_key=key_for(config.seed, KeyPurpose.DRIVER_SETUP))
@@ -107,18 +121,34 @@ def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | Non
     return Loop(config, driver, local, runner, placement, instrument=instrument)
 
 
-def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest", overwrite: bool = False,
-          instrument: Callable[[str, Any], Callable] | None = None, **options: Any) -> Run:
+def _check_hooks(config: RunConfig, driver_def, learner) -> None:
+    """A driver that does not run the learner's replay hooks refuses it (never skips them)."""
+    hooks = [what for what, used in (("multi-step windows", getattr(learner.step, "window", 1) > 1),
+                                     ("maintenance steps", learner.maintain is not None),
+                                     ("a dynamic replay", learner.shrink is not None)) if used]
+    if hooks and not driver_def.learner_hooks:
+        allowed = ", ".join(name for name, d in DRIVERS.items()
+                            if d.learner_hooks and d.accepts_step(type(learner.step)))
+        raise ConfigError(f"learner: {config.learner} needs {' and '.join(hooks)}, which the {config.driver} driver "
+                          f"does not run (allowed drivers: {allowed})")
+
+
+def train(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str | Path = "runs/latest",
+          overwrite: bool = False, instrument: Callable[[str, Any], Callable] | None = None,
+          compile_cache: str | Path | None = None, **options: Any) -> Run:
     """Trains a population and writes its run directory.
 
     Args:
-      config: a RunConfig; or pass its fields as keyword options
+      config: a RunConfig, or a mapping of options as in a config file (checked like one; keyword options
+        override it); or pass the fields as keyword options
         (``learner="td3", env="gym:Pendulum-v1", pop_size=8, total_env_steps=200_000, ...``).
       out_dir: the run directory (config.yaml, metrics.csv, summary.json, plots/): a new or
         empty directory, or with ``overwrite`` a run directory popjax created.
       overwrite: replace the run in ``out_dir`` (only popjax's own files are removed).
       instrument: optional ``(name, compiled) -> callable`` wrapping every compiled program of the run
         (``popjax.loop.Compiler``), to observe the loop from Python (e.g. time each call); not a run option.
+      compile_cache: JAX's persistent compilation cache: a folder, or ``"off"``; default
+        ``$POPJAX_COMPILE_CACHE``, else ``~/.cache/popjax/jax`` (``popjax.compile_cache``); not a run option.
       options: RunConfig fields, and ``preset`` (``"auto"``: fill the options not given from the
         tuned table of ``popjax.presets`` for known (learner, env) pairs; ``"none"``: bare defaults).
         A RunConfig passed as ``config`` is used as it is.
@@ -130,15 +160,17 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
       ConfigError: invalid options or an unusable ``out_dir``, raised before anything is written
         or compiled.
     """
-    if config is None:
-        config = make_config(**apply_preset(options))
-    else:
+    if isinstance(config, RunConfig):
         config = make_config(**{**config.to_dict(), **options})  # a RunConfig built directly is validated too
-    out_dir = Path(out_dir)
+    else:
+        config = make_config(**apply_preset({**_options_mapping(config), **options}))
+    out_dir = _directory(out_dir)
     check_new_run(out_dir, overwrite)
+    check_installed(config.logger)
+    _use_compile_cache(compile_cache, out_dir)
     loop = build(config, instrument=instrument)
     distributed.barrier("popjax-checked")  # every process has checked out_dir before process 0 writes
-    run_dir = RunDir(out_dir, tensorboard=config.tensorboard, writes=distributed.is_writer())
+    run_dir = RunDir(out_dir, writes=distributed.is_writer())
     with _writer_lock(out_dir):
         run_dir.start()
         run_dir.write_config(config.to_dict())
@@ -146,7 +178,28 @@ def train(config: RunConfig | None = None, *, out_dir: str | Path = "runs/latest
         return _finish(loop, *loop.initial_state())
 
 
-def resume(run_dir: str | Path, **overrides: Any) -> Run:
+def _options_mapping(config: Any) -> dict[str, Any]:
+    """``train``'s first argument when it is not a RunConfig: None or a mapping of options named by strings."""
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config: expected a RunConfig or a mapping of options (as in a config file), got "
+                          f"{type(config).__name__}")
+    for key in config:
+        if not isinstance(key, str):
+            raise ConfigError(f"config: option names are strings, got {key!r}")
+    return dict(config)
+
+
+def _directory(path: Any) -> Path:
+    """A run directory argument as a Path; anything but a str or os.PathLike is a one-line ConfigError."""
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"out_dir: expected a directory path (a str or os.PathLike), got {type(path).__name__} "
+                          f"{path!r}")
+    return Path(path)
+
+
+def resume(run_dir: str | Path, *, compile_cache: str | Path | None = None, **overrides: Any) -> Run:
     """Continues a run (killed at any moment, or finished) from its newest usable checkpoint.
 
     The result equals an uninterrupted run with the same config: every random key is derived
@@ -168,20 +221,23 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
 
     Args:
       run_dir: a run directory written by ``train``.
+      compile_cache: as for ``train``.
       overrides: RunConfig fields to change (e.g. ``total_env_steps`` to extend a run,
         ``progress``).
     """
     rd = RunDir(run_dir)
     config = make_config(**{**rd.read_config(), **overrides})
     rd.check_layout()
+    check_installed(config.logger)
     unreadable = rd.scan_metrics()[1]
     if unreadable:  # rows popjax did not write that way: never dropped or rewritten silently
         more = f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
         raise ConfigError(f"resume: {rd.metrics_path} {unreadable[0]}{more} cannot be read; repair or remove "
                           "those lines, then resume; nothing was changed")
+    _use_compile_cache(compile_cache, rd.path)
     loop = build(config)
     distributed.barrier("popjax-read")  # every process has read the run before process 0 changes it
-    rd.tensorboard, rd.writes = config.tensorboard, distributed.is_writer()
+    rd.writes = distributed.is_writer()
     with _writer_lock(rd.path):
         loop.run_dir, loop.checkpointer = rd, _checkpointer(rd)
         meta = loop.checkpointer.latest_meta()
@@ -202,15 +258,31 @@ def resume(run_dir: str | Path, **overrides: Any) -> Run:
         if restored is None:  # killed before the first checkpoint: start over (rows without a checkpoint go)
             rd.truncate_metrics(-1)
             restored = loop.initial_state()
-        elif loop.counters(restored[0])[0] >= config.total_env_steps and (rd.path / "summary.json").exists():
+        elif (steps := loop.counters(restored[0])[0]) >= config.total_env_steps and (rd.path / "summary.json").exists():
             loop.checkpointer.close()
+            _check_finished_metrics(rd, steps, config)
             return Run(rd.path, rd.read_summary(), restored[0])  # finished: nothing to do, nothing written
         else:
+            if not rd.metrics_path.exists() and loop.history:  # rows were logged at evaluations
+                warnings.warn(f"resume: {rd.metrics_path} is missing: the rows up to {steps} env steps are lost; "
+                              "the run continues and logs the rows from there", RuntimeWarning, stacklevel=2)
             rd.drop_partial_metrics_row()
             rd.truncate_metrics(loop.counters(restored[0])[0])
         if overrides:
             rd.write_config(config.to_dict())
         return _finish(loop, *restored)
+
+
+def _check_finished_metrics(rd: RunDir, env_steps: int, config: RunConfig) -> None:
+    """A finished run whose metrics.csv lost rows of its final evaluation (cut, or the file deleted): a one-line
+    ConfigError saying what is missing and that resume changed nothing (retraining would be needed to log the rows
+    again, and on the gymnasium path it would not reproduce them)."""
+    missing = rd.missing_final_rows(env_steps, config.pop_size)
+    if missing is not None:
+        raise ConfigError(f"resume: {rd.path} is finished ({env_steps} of {config.total_env_steps} env steps) but "
+                          f"{missing}; resume trained nothing and changed nothing (summary.json holds the final "
+                          f"returns); to log the rows again, rerun it: popjax train --config {rd.path / 'config.yaml'} "
+                          f"--out {rd.path} --overwrite")
 
 
 def load(run_dir: str | Path) -> Run:
@@ -234,14 +306,14 @@ def load(run_dir: str | Path) -> Run:
 # RunConfig fields a resume may change: they set the budget, cadence and placement, not what the
 # checkpointed state means.
 CHANGEABLE_ON_RESUME = ("total_env_steps", "eval_interval", "eval_episodes", "checkpoint_interval", "progress",
-                        "tensorboard", "devices", "parallel")  # not overlap: it changes which params act
+                        "logger", "devices", "parallel")  # not overlap: it changes which params act
 
 
 def _check_fits(config: RunConfig, saved: dict[str, Any], path: Path, checkpointer: Checkpointer) -> None:
     """A one-line ConfigError naming every field (besides ``CHANGEABLE_ON_RESUME``) that differs from the
     config the checkpoints were written with (config.yaml edited, cut, or overridden)."""
     current = config.to_dict()
-    saved = make_config(**saved).to_dict()  # the same normal form
+    saved = make_config(**saved_options(saved)).to_dict()  # the same normal form
     names = sorted(set(current) | set(saved))
     differ = [n for n in names if n not in CHANGEABLE_ON_RESUME and current.get(n, {}) != saved.get(n, {})]
     if differ:
@@ -249,6 +321,13 @@ def _check_fits(config: RunConfig, saved: dict[str, Any], path: Path, checkpoint
         detail = "; ".join(f"{n}: {current.get(n)!r} vs {saved.get(n)!r} in the checkpoints" for n in differ)
         raise ConfigError(f"resume: the configuration of {path} differs from the run's checkpoints ({detail}); "
                           f"only {', '.join(CHANGEABLE_ON_RESUME)} may change; nothing was changed")
+
+
+def _use_compile_cache(setting: str | Path | None, run_dir: Path) -> None:
+    try:
+        compile_cache.enable(setting, run_dir)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _check_processes(config: RunConfig) -> None:
@@ -376,6 +455,8 @@ def _checkpointer(run_dir: RunDir) -> Checkpointer:
 
 def _finish(loop: Loop, state, env_state) -> Run:
     try:
+        if loop.run_dir.writes:  # the run's loggers (``logger``), opened by the process that writes the run
+            loop.run_dir.loggers = open_loggers(loop.config.logger, loop.run_dir.path, loop.config.to_dict())
         state = loop.run(state, env_state)
         steps = loop.checkpointer.steps()
         if not steps or steps[-1] != loop.iteration:
@@ -383,8 +464,11 @@ def _finish(loop: Loop, state, env_state) -> Run:
         loop.checkpointer.close()
         summary = loop.summary(state)
         loop.run_dir.write_summary(summary)
-        for name, rows in loop.driver.host.tables(state).items():
+        tables = loop.driver.host.tables(state)
+        for name, rows in tables.items():
             loop.run_dir.write_table(name, rows)
+        for logger in loop.run_dir.loggers:
+            logger.finish(summary, tables)
         if loop.run_dir.writes:
             try:
                 plot_run(loop.run_dir.path)
@@ -392,6 +476,8 @@ def _finish(loop: Loop, state, env_state) -> Run:
                 warnings.warn(f"{err}; the run's data is complete (`popjax plot {loop.run_dir.path}` redraws)",
                               RuntimeWarning, stacklevel=2)
     finally:
+        close_loggers(loop.run_dir.loggers)
+        loop.run_dir.loggers = []
         if isinstance(loop.driver.interaction, OwnInteraction):  # its threads and envs
             loop.driver.interaction.close()
         if not loop.runner.jax_path:

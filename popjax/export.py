@@ -29,9 +29,10 @@ def export_policy(run_dir: str | Path, out: str | Path | None = None, member: in
 
     run = experiment.load(run_dir)
     definition = LEARNERS[run.config.learner]
-    if definition.actor_params is None:
+    if definition.report.actor_params is None:
+        offering = ", ".join(n for n, d in LEARNERS.items() if d.report.actor_params is not None)
         raise ConfigError(f"export: the {run.config.learner} learner has no deterministic MLP actor to export "
-                          f"(allowed: {', '.join(n for n, d in LEARNERS.items() if d.actor_params is not None)})")
+                          f"(allowed: {offering})")
     returns = run.summary.get("final_returns") or []
     if member is None:
         member = int(np.nanargmax(returns)) if returns else 0
@@ -41,7 +42,7 @@ def export_policy(run_dir: str | Path, out: str | Path | None = None, member: in
     out = Path(out) if out is not None else Path(run_dir) / f"policy-member{member}.npz"
     if out.exists():
         raise ConfigError(f"out: {out} exists; popjax never overwrites a file (choose another --out)")
-    params = jax.device_get(definition.actor_params(take_member(run.state.learner, member)))
+    params = jax.device_get(definition.report.actor_params(take_member(run.state.learner, member)))
     dense = params["params"]["MLP_0"]
     names = sorted(dense, key=lambda n: int(n.split("_")[-1]))
     layers = compact.compact_layers([dense[n]["kernel"] for n in names], [dense[n]["bias"] for n in names])

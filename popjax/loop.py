@@ -18,6 +18,7 @@ iterations, so a resumed run draws exactly the keys an uninterrupted one would.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -30,13 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from popjax import stats
+from popjax import precision, stats
 from popjax.config import RunConfig, make_learner_config
 from popjax.distributed import fetch, gather_rows, is_writer, processes
 from popjax.drivers.base import Driver, Episodes, InteractionFailed, OwnInteraction, Rollout
 from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
-from popjax.registry import LEARNERS
+from popjax.registry import DRIVERS, LEARNERS
 from popjax.rundir import RunDir
 from popjax.types import Key
 
@@ -56,8 +57,20 @@ class KeyPurpose(IntEnum):
     MAINTAIN = 9  # the driver's maintenance call (RLx2 topology steps)
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _derive_keys(seed, purposes: tuple[int, ...], iteration) -> tuple[Key, ...]:
+    base = jax.random.key(seed)
+    return tuple(jax.random.fold_in(jax.random.fold_in(base, purpose), iteration) for purpose in purposes)
+
+
+def keys_for(seed: int, purposes: tuple[KeyPurpose, ...], iteration: int = 0) -> tuple[Key, ...]:
+    """``key_for`` of each purpose, derived in one compiled call: eagerly, each key cost three dispatches (and
+    ``fold_in`` several small programs), about a millisecond per iteration on a CPU."""
+    return _derive_keys(seed, tuple(int(p) for p in purposes), iteration)
+
+
 def key_for(seed: int, purpose: KeyPurpose, iteration: int = 0) -> Key:
-    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), int(purpose)), iteration)
+    return keys_for(seed, (purpose,), iteration)[0]
 
 
 class Compiler:
@@ -66,11 +79,13 @@ class Compiler:
     ``traces`` counts how often each program was traced (a retrace would be a bug: hparams and
     counters are traced values). ``instrument``, an optional ``(name, compiled) -> callable``, wraps
     every compiled program handed out (to observe the loop, e.g. time each call); without it the
-    compiled programs are handed out as they are.
+    compiled programs are handed out as they are. ``matmul_precision`` (``popjax.precision``) is the
+    arithmetic of every matrix product of every program.
     """
 
-    def __init__(self, instrument: Callable[[str, Any], Callable] | None = None):
+    def __init__(self, instrument: Callable[[str, Any], Callable] | None = None, matmul_precision: str = "default"):
         self.instrument = instrument
+        self.matmul_precision = precision.check(matmul_precision)
         self.compile_s = 0.0
         self.traces: Counter[str] = Counter()
         self._programs: dict[str, Any] = {}
@@ -83,7 +98,8 @@ class Compiler:
                 return fn(*a)
 
             start = time.perf_counter()
-            jitted = jax.jit(counted, donate_argnums=donate, out_shardings=out_shardings)
+            jitted = jax.jit(precision.apply(counted, self.matmul_precision), donate_argnums=donate,
+                             out_shardings=out_shardings)
             self._programs[name] = jitted.lower(*args).compile()
             self.compile_s += time.perf_counter() - start
         program = self._programs[name]
@@ -113,7 +129,7 @@ class Loop:
         self.runner = runner
         self.placement = placement
         self.run_dir = run_dir
-        self.compiler = Compiler(instrument)
+        self.compiler = Compiler(instrument, config.matmul_precision)
         self.iteration = 0
         self.wall_s = 0.0
         self.history: list[np.ndarray] = []  # eval returns per evaluation
@@ -193,7 +209,7 @@ class Loop:
     # --- one iteration, one evaluation ---------------------------------------------------------
     def step(self, state, env_state):
         """One iteration; returns ``(state, env_state, metrics)`` (metrics as numpy ``[pop]``)."""
-        keys = (self.key(KeyPurpose.PREPARE), self.key(KeyPurpose.COLLECT), self.key(KeyPurpose.LEARN))
+        keys = keys_for(self.config.seed, (KeyPurpose.PREPARE, KeyPurpose.COLLECT, KeyPurpose.LEARN), self.iteration)
         axes = self.axes
         if isinstance(self.local.interaction, OwnInteraction):
             state, metrics = self.local.interaction.iterate(self.compiler, keys, state)
@@ -265,7 +281,7 @@ class Loop:
         def call(key, t, actor, obs):
             obs = placement.from_local(obs)
             acted = compiler("act", act, key, t, actor, obs)(key, t, actor, obs)
-            return jax.tree.map(lambda x: placement.to_local(x, rows), acted)  # actions, or (actions, extras)
+            return jax.tree.map(lambda x: placement.to_local(x, rows), acted)  # (actions, extras)
 
         return call
 
@@ -350,7 +366,7 @@ class Loop:
                 self.wall_s += time.perf_counter() - start - (self.compiler.compile_s - compile_before)
                 if rows:
                     counted, updates = self.counters(state)
-                    assert counted == env_steps, (counted, env_steps)  # the host's count (overlap) is the state's
+                    assert counted == env_steps, (counted, env_steps)  # the host's count (rollouts) is the state's
                     self.run_dir.append_metrics([{"env_steps": env_steps, "updates": updates,
                                                   "wall_s": round(self.wall_s, 3), **row} for row in rows])
                 if self.checkpointer is not None and (evaluated or crossed(before, env_steps,
@@ -360,9 +376,10 @@ class Loop:
         return state
 
     def _env_steps_after(self, state, before: int) -> int:
-        """Env steps per member after an iteration: known on the host for a rollout with overlap (reading the
-        state would wait for the update the next rollout is meant to overlap), else read from the state."""
-        if self.overlap:
+        """Env steps per member after an iteration: known on the host for a rollout (reading the state would wait
+        for the iteration: the host could not dispatch the next one while it runs, nor overlap acting with the
+        update), else (episodes: their lengths vary) read from the state. Rows check the host's count."""
+        if isinstance(self.local.interaction, Rollout):
             return before + self.local.interaction.steps_per_member
         return self.counters(state)[0]
 
@@ -415,20 +432,31 @@ class Loop:
             "learner": cfg.learner, "env": cfg.env, "driver": cfg.driver, "pop_size": cfg.pop_size,
             "seed": cfg.seed, "env_steps": env_steps, "updates": updates,
             "wall_s": round(self.wall_s, 3), "compile_s": round(self.compiler.compile_s, 3),
+            "matmul_precision": cfg.matmul_precision, "matmul_arithmetic": precision.arithmetic(cfg.matmul_precision),
             "best_return": best, "final_returns": [float(r) for r in final],
-            "final_iqm": stats.population_iqm(final),  # over members, with its bootstrap CI (4+ members)
+            "final_iqm": stats.population_iqm(final, not_independent=self._why_members_dependent()),
             **self.driver.host.summary(state),
         }
         definition, learner_config = LEARNERS[cfg.learner], make_learner_config(cfg)
-        if definition.costs is not None:
+        report = definition.report
+        if report.costs is not None:
             hparams = fetch(self.driver.host.hparams(state))
-            summary["costs"] = definition.costs(learner_config, self.runner.spec, hparams)
-        if definition.counts is not None:
-            summary["counts"] = definition.counts(learner_config, updates)
-        named = definition.summary_metrics
+            summary["costs"] = report.costs(learner_config, self.runner.spec, hparams)
+        if report.counts is not None:
+            summary["counts"] = report.counts(learner_config, updates)
+        named = report.summary_metrics
         if named and is_writer():  # from metrics.csv (process 0's), so a resumed run reports the same
             summary["learner_metrics"] = last_metrics(self.run_dir.read_metrics(), named, cfg.pop_size)
         return summary
+
+    def _why_members_dependent(self) -> str | None:
+        """None when the driver's members are independent samples (``DriverDef.independent_members``), else
+        why ``final_iqm`` has no interval over them."""
+        definition = DRIVERS[self.config.driver]
+        if definition.members_independent(definition.parse_options(self.config)):
+            return None
+        return (f"members of a {self.config.driver} run interact (copies, shared parts), so they are not "
+                "independent samples: an interval needs independent runs (seeds), e.g. popjax compare")
 
 
 def last_metrics(rows: list[dict[str, float]], names: tuple[str, ...], pop_size: int) -> dict[str, list]:

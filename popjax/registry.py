@@ -1,9 +1,10 @@
-"""The registries: name -> definition of every learner, driver and replay source.
+"""The registries: name -> definition of every learner, driver, replay source and logger.
 
 They live here, below every module that reads them (the run configuration checks names and combinations against
-them), and are filled from above: ``popjax.learners``, ``popjax.drivers`` and ``popjax.buffers`` add the built-in
-entries when imported (``import popjax`` imports them all), and their ``register`` functions add one from a
-script. Entries are data (``LearnerDef``, ``DriverDef``, ``SourceDef``): what a run may combine is read from
+them), and are filled from above: ``popjax.learners``, ``popjax.drivers``, ``popjax.buffers`` and
+``popjax.loggers`` add the built-in entries when imported (``import popjax`` imports them all), and their
+``register`` functions add one from a script. Entries are data (``LearnerDef``, ``DriverDef``, ``SourceDef``,
+``LoggerDef``): what a run may combine is read from
 them, never from names.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 LEARNERS: dict[str, Any] = {}  # name -> popjax.learners.base.LearnerDef
 DRIVERS: dict[str, Any] = {}  # name -> popjax.drivers.base.DriverDef
 SOURCES: dict[str, Any] = {}  # name -> popjax.buffers.sources.SourceDef
+LOGGERS: dict[str, Any] = {}  # name -> popjax.loggers.base.LoggerDef
 
 
 def add(table: dict[str, Any], definition: Any, what: str, taken: frozenset[str] = frozenset()) -> Any:

@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from popjax.config import ConfigError
+from popjax.config import ConfigError, saved_options
+from popjax.registry import LOGGERS
 
 BASE_COLUMNS = ("env_steps", "updates", "wall_s", "member", "eval_return")
 MARKER = ".popjax-run"  # popjax created this directory: it may be replaced with overwrite
@@ -33,8 +34,16 @@ LOCK = ".popjax-lock"  # the process writing the run: "<pid> <host>"
 # these and nothing else.
 OUTPUT_FILES = ("config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", MARKER, "lineage.csv",
                 "schedule.yaml")
-OUTPUT_PATTERNS = {"checkpoints": ("[0-9]*", "damaged-*", "*.orbax-checkpoint-tmp-*"), "plots": ("*.png",),
-                   "tensorboard": ("events.out.tfevents.*",)}
+OUTPUT_PATTERNS = {"checkpoints": ("[0-9]*", "damaged-*", "*.orbax-checkpoint-tmp-*"), "plots": ("*.png",)}
+
+
+def output_patterns() -> dict[str, tuple[str, ...]]:
+    """``OUTPUT_PATTERNS`` and what each registered logger writes (``LoggerDef.outputs``)."""
+    patterns = dict(OUTPUT_PATTERNS)
+    for definition in LOGGERS.values():
+        for folder, globs in definition.outputs.items():
+            patterns[folder] = (*patterns.get(folder, ()), *globs)
+    return patterns
 
 
 def _writing(method):
@@ -51,13 +60,13 @@ class RunDir:
 
     Constructing it touches nothing on disk: the directory is created by the first write. With
     ``writes=False`` (the processes besides process 0 of a multi-process run) every write is skipped.
+    ``loggers`` (``popjax.loggers``) get every row appended to metrics.csv.
     """
 
-    def __init__(self, path: str | os.PathLike, tensorboard: bool = False, writes: bool = True):
+    def __init__(self, path: str | os.PathLike, writes: bool = True):
         self.path = Path(path)
-        self.tensorboard = tensorboard
         self.writes = writes
-        self._tensorboard = None
+        self.loggers: list = []
 
     def _ensure(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -75,14 +84,14 @@ class RunDir:
     def start(self) -> None:
         """Marks the directory as a popjax run (locked by the caller), removing an earlier run's outputs.
 
-        Only popjax's own outputs go (``OUTPUT_FILES``, ``OUTPUT_PATTERNS``); any other file stays.
+        Only popjax's own outputs go (``OUTPUT_FILES``, ``output_patterns()``); any other file stays.
         """
         for name in OUTPUT_FILES:
             (self.path / name).unlink(missing_ok=True)
-        for folder, patterns in OUTPUT_PATTERNS.items():
+        for folder, patterns in output_patterns().items():
             for pattern in patterns:
                 for target in (self.path / folder).glob(pattern):
-                    shutil.rmtree(target) if target.is_dir() else target.unlink()
+                    shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
             if (self.path / folder).is_dir() and not any((self.path / folder).iterdir()):
                 (self.path / folder).rmdir()
         self.path.mkdir(parents=True, exist_ok=True)
@@ -106,7 +115,7 @@ class RunDir:
             raise ConfigError(f"run_dir: {path} cannot be read ({first})") from None
         if not isinstance(data, dict) or not data:
             raise ConfigError(f"run_dir: {path} holds no configuration (empty or cut?); nothing was changed")
-        return data
+        return saved_options(data)
 
     @_writing
     def append_metrics(self, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -131,21 +140,8 @@ class RunDir:
             writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
             f.flush()
             os.fsync(f.fileno())
-        if self.tensorboard:
-            self._write_tensorboard(rows)
-
-    def _write_tensorboard(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Every numeric column as ``member_<m>/<column>`` at the row's env step."""
-        if self._tensorboard is None:
-            from tensorboardX import SummaryWriter
-
-            self._tensorboard = SummaryWriter(str(self.path / "tensorboard"))
-        for row in rows:
-            step = int(row["env_steps"])
-            for name, value in row.items():
-                if name not in ("env_steps", "member") and isinstance(value, int | float):
-                    self._tensorboard.add_scalar(f"member_{int(row['member'])}/{name}", value, step)
-        self._tensorboard.flush()
+        for logger in self.loggers:
+            logger.rows(rows)
 
     def metric_columns(self) -> list[str]:
         with self.metrics_path.open(newline="") as f:
@@ -183,6 +179,26 @@ class RunDir:
             else:
                 problems.append(f"line {number} ({why})")
         return rows, problems
+
+    def missing_final_rows(self, env_steps: int, pop_size: int) -> str | None:
+        """What metrics.csv of a run that finished at ``env_steps`` lacks (the file, or rows of the final
+        evaluation: every driver logs one per member there), or None when nothing is missing."""
+        path = self.metrics_path
+        if not path.is_file():
+            return f"{path} is missing"
+        rows = self.read_metrics()
+        members = {int(r["member"]) for r in rows if r.get("env_steps") == env_steps and "member" in r
+                   and math.isfinite(r["member"])}
+        lost = [m for m in range(pop_size) if m not in members]
+        if not lost:
+            return None
+        rows_of = f"row{'s' if len(lost) > 1 else ''} of member{'s' if len(lost) > 1 else ''}"
+        what = f"the {rows_of} {', '.join(map(str, lost))} at the final {env_steps} env steps"
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            line = data.count(b"\n") + 1
+            return f"{path} ends in a row cut mid-line (line {line}), so it lacks {what}"
+        return f"{path} lacks {what}"
 
     @_writing
     def drop_partial_metrics_row(self) -> None:
@@ -252,7 +268,7 @@ class RunDir:
         for name in OUTPUT_FILES:
             if (self.path / name).is_dir():
                 raise ConfigError(f"run_dir: {self.path / name} is a folder where popjax keeps a file")
-        for name in OUTPUT_PATTERNS:
+        for name in output_patterns():
             if (self.path / name).exists() and not (self.path / name).is_dir():
                 raise ConfigError(f"run_dir: {self.path / name} is a file where popjax keeps a folder")
 

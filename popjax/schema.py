@@ -216,6 +216,26 @@ class Choice(Kind):
 
 
 @dataclasses.dataclass(frozen=True)
+class Choices(Kind):
+    """Some of ``values`` (a list without repeats, or one name alone), as a tuple; ``values`` as in ``Choice``."""
+
+    values: tuple[str, ...] | Callable[[], Iterable[str]]
+
+    def describe(self) -> str:
+        return f"a list of {', '.join(Choice(self.values).allowed())} (or one of them alone)"
+
+    def convert(self, value, context=None):
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list | tuple):
+            raise self.expected(value)
+        out = tuple(Choice(self.values).convert(name) for name in names)
+        twice = [name for i, name in enumerate(out) if name in out[:i]]
+        if twice:
+            raise Invalid(f"{show(twice[0])} is given twice")
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
 class NumberList(Kind):
     """A list (or tuple) of ``item`` numbers, between ``min_len`` and ``max_len`` long; a tuple."""
 
@@ -291,6 +311,10 @@ Bool = Annotated[bool, Flag()]
 
 def OneOf(values) -> Any:  # noqa: N802
     return Annotated[str, Choice(values if callable(values) else tuple(values))]
+
+
+def SomeOf(values) -> Any:  # noqa: N802
+    return Annotated[tuple[str, ...], Choices(values if callable(values) else tuple(values))]
 
 
 def kind_of(field: pydantic.fields.FieldInfo) -> Kind | None:

@@ -354,16 +354,22 @@ def normalize(raw, low, high) -> np.ndarray:
     return (np.asarray(raw, dtype=float) - low) / (high - low)
 
 
-def population_iqm(values, reps: int = 10_000, level: float = 0.95, seed: int = 0) -> dict:
+def population_iqm(values, reps: int = 10_000, level: float = 0.95, seed: int = 0,
+                   not_independent: str | None = None) -> dict:
     """The IQM of a population's members' scores with its bootstrap interval over members (summary.json's
     ``final_iqm``): ``iqm``, ``ci`` ([low, high]; None with fewer than 4 members, whose ``values`` then stand
-    instead), ``n``, ``level``, ``reps``, ``seed``. Non-finite scores (a diverged member) give ``iqm`` None."""
+    instead), ``n``, ``level``, ``reps``, ``seed``. Non-finite scores (a diverged member) give ``iqm`` None.
+
+    The bootstrap treats members as independent samples; ``not_independent`` (why they are not: PBT copies,
+    a shared critic) gives the point value only, with ``values`` and the reason as ``no_ci``."""
     v = np.asarray(values, dtype=float).ravel()
     out = {"n": int(v.size), "iqm": None, "ci": None, "level": level, "reps": reps, "seed": seed}
+    if not_independent is not None:  # no interval: no level, reps or seed either
+        out = {"n": int(v.size), "iqm": None, "ci": None, "no_ci": not_independent}
     if v.size == 0 or not np.isfinite(v).all():
         return out
     out["iqm"] = iqm(v)
-    if v.size >= MIN_BOOTSTRAP_SEEDS:
+    if v.size >= MIN_BOOTSTRAP_SEEDS and not_independent is None:
         ci = stratified_ci(v, "iqm", reps, level, seed)
         out["ci"] = [ci.low, ci.high]
     else:

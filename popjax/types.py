@@ -82,12 +82,6 @@ def dummy_transition(spec: EnvSpec, extras: Any = None) -> Transition:
     )
 
 
-def split_action(acted: Any) -> tuple[Any, Any]:
-    """``(action, extras)`` from what an ``act`` returned: an action, or ``(action, extras)`` from a learner that
-    records extras with each transition (``ReplayStep.extras``)."""
-    return tuple(acted) if isinstance(acted, tuple) else (acted, None)
-
-
 @struct.dataclass
 class Replayed:
     """A batch from a replay that keeps a refreshed per-transition value (``ReplayStep.refresh``): the sampled

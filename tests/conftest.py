@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
 from rundir_helpers import TINY
 
 from popjax.loop import Compiler
+
+# The suite leaves the user's compile cache alone (and every test compiles afresh): tests of the cache give their
+# own folder (popjax.compile_cache); subprocesses inherit this.
+os.environ.setdefault("POPJAX_COMPILE_CACHE", "off")
 
 
 @pytest.fixture

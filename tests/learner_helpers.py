@@ -103,7 +103,7 @@ def _compiled(name: str, config) -> SimpleNamespace:
         spec=spec,
         learner=learner,
         update=jax.jit(one_update(learner)),
-        act=jax.jit(learner.act),
+        act=jax.jit(lambda *args: learner.act(*args)[0]),  # the action (tests of learners that record no extras)
         policy=jax.jit(learner.policy),
         pop_update=jax.jit(jax.vmap(counted_update)),
         traces=traces,

@@ -159,14 +159,90 @@ def test_vmap_over_members_with_different_hparams_equals_a_loop(learner):
 def test_compiled_variants_equal_eager(learner):
     fns, states, hp, batches, noises = _population(learner)
     looped = _loop(fns, states, [tf.hparam_tensors(hp)] * 3, batches, noises, 4)
-    for variant in ("torch_compile", "torch_vmap_compile"):
+    for variant in ("torch_compile", "torch_vmap_compile", "torch_vmap_cudagraph"):
         update_fn = tf.population(variant, fns, states, hp)
+        assert update_fn.compile_mode == "default" and not update_fn.cuda_graphs  # on the CPU: no CUDA graphs
         vectorized = variant != "torch_compile"
         for t in range(4):
             noise = noises[t] if vectorized else update._per_member(noises[t], 3, False)
             update_fn(tf.stack(batches) if vectorized else batches, noise, t % 2 == 1)
         out = update_fn.holder["states"]
         _assert_trees_close(tf.unstack(out, 3) if vectorized else out, looped, atol=1e-5)
+
+
+class _FakeCompile:
+    """``torch.compile`` recording its keyword arguments and each output it returns (the function runs eagerly)."""
+
+    def __init__(self):
+        self.kwargs, self.outputs = [], []
+
+    def __call__(self, fn, **kwargs):
+        self.kwargs.append(kwargs)
+
+        def compiled(*args):
+            out = fn(*args)
+            self.outputs.append(out)
+            return out
+
+        return compiled
+
+
+@pytest.mark.parametrize("learner", ["td3", "sac"])
+def test_cuda_graph_variant_marks_each_step_and_keeps_clones(learner, monkeypatch):
+    """The bookkeeping CUDA graphs need, checked on the CPU with the graphs forced on (the capture itself needs
+    CUDA): mode reduce-overhead, ``cudagraph_mark_step_begin`` before every call, and the kept state a clone of
+    the step's output (a replay overwrites its outputs), equal to eager member after member."""
+    fake, marks = _FakeCompile(), []
+    monkeypatch.setattr(torch, "compile", fake)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(len(fake.outputs)))
+    fns, states, hp, batches, noises = _population(learner)
+    update_fn = tf.population("torch_vmap_cudagraph", fns, states, hp, cuda_graphs=True)
+    assert update_fn.cuda_graphs and update_fn.compile_mode == "reduce-overhead"
+    assert fake.kwargs == [{"dynamic": False, "mode": "reduce-overhead"}] * 2  # TD3's two step kinds; SAC uses one
+    for t in range(4):
+        update_fn(tf.stack(batches), noises[t], t % 2 == 1)
+    assert marks == [0, 1, 2, 3]  # marked before each of the 4 calls, before its replay
+    kept = torch.utils._pytree.tree_leaves(update_fn.holder["states"])
+    replayed = torch.utils._pytree.tree_leaves(fake.outputs[-1][0])
+    assert len(kept) == len(replayed) and all(k is not r and k.data_ptr() != r.data_ptr()
+                                              for k, r in zip(kept, replayed, strict=True))
+    looped = _loop(fns, states, [tf.hparam_tensors(hp)] * 3, batches, noises, 4)
+    _assert_trees_close(tf.unstack(update_fn.holder["states"], 3), looped, atol=1e-6)
+
+
+def test_cuda_graph_variant_falls_back_on_the_cpu(monkeypatch):
+    """On a CPU device ``torch_vmap_cudagraph`` is ``torch.compile``'s default mode, without step marking or clones."""
+    fake, marks = _FakeCompile(), []
+    monkeypatch.setattr(torch, "compile", fake)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    fns, states, hp, batches, noises = _population("td3")
+    update_fn = tf.population("torch_vmap_cudagraph", fns, states, hp, device="cpu")
+    assert not update_fn.cuda_graphs and update_fn.compile_mode == "default"
+    assert fake.kwargs == [{"dynamic": False}] * 2
+    update_fn(tf.stack(batches), noises[0], False)
+    assert marks == [] and update_fn.holder["states"] is fake.outputs[-1][0]  # kept as returned: no replay
+    assert tf.uses_cuda_graphs("torch_vmap_cudagraph", "cuda:0") and not tf.uses_cuda_graphs("torch_vmap_compile",
+                                                                                              "cuda")
+
+
+def test_the_update_study_records_the_cuda_graph_fallback(tmp_path, monkeypatch):
+    """The study's rows of ``torch_vmap_cudagraph`` say what ran (here, the CPU: no CUDA graphs, default mode),
+    and its notes say it fell back."""
+    from popjax_bench import common
+
+    monkeypatch.setattr(common, "load_average", lambda: [0.1, 0.1, 0.1])
+    monkeypatch.setattr(common, "others_cpu_share", lambda since: 0.0)
+    monkeypatch.setattr(common, "PEAK_N", 128)
+    fake = _FakeCompile()
+    monkeypatch.setattr(torch, "compile", fake)
+    payload = update.run(learners=("td3",), pops=(2,), impls=("torch_vmap_cudagraph",), hidden=(8,), batch_size=4,
+                         k=2, torch_threads=(1,), repeats=10, min_time=0.0, out_dir=tmp_path, plot=False)
+    written = json.loads((tmp_path / "update.json").read_text())
+    (row,) = written["results"]
+    assert row["impl"] == "torch_vmap_cudagraph" and row["cuda_graphs"] is False
+    assert row["torch_compile_mode"] == "default" and row["torch_device"] == "cpu" and row["compile_s"] > 0
+    assert fake.kwargs == [{"dynamic": False}] * 2
+    assert update.CUDA_GRAPH_FALLBACK in written["notes"] and payload["notes"] == written["notes"]
 
 
 @pytest.mark.slow  # the accelerator test below runs the study with a PyTorch variant by default
@@ -200,7 +276,7 @@ def test_the_accelerator_preset_runs_the_update_study_and_names_the_device(tmp_p
     monkeypatch.setattr(common, "others_cpu_share", lambda since: 0.0)
     monkeypatch.setattr(common, "PEAK_N", 128)
     defaults = accelerator.Options()
-    assert defaults.pops[-1] == 256 and defaults.learners == ("td3", "sac") and defaults.memory_fit
+    assert defaults.pops[-1] == 256 and defaults.learners == ("td3", "sac") and not defaults.memory_fit
     code = cli.main(["bench", "accelerator", "--pop", "2", "--hidden", "8", "--batch-size", "4", "--k", "2",
                      "--impl", "vmap,torch_vmap", "--torch-threads", "1", "--no-memory-fit", "--no-plot",
                      "--min-time", "0", "--out", str(tmp_path)])

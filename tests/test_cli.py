@@ -209,15 +209,65 @@ def test_a_bench_study_that_times_nothing_exits_1_with_one_line(tmp_path, monkey
     assert cli.main(argv) == 0  # one timed point is a result
 
 
-def test_bench_update_memory_fit_is_opt_in():
-    """The memory-fit search (about a minute) runs only with --memory-fit; --no-memory-fit is gone."""
+@pytest.mark.parametrize("study", ["update", "accelerator"])
+def test_bench_memory_fit_has_one_spelling_in_every_study(study):
+    """The memory-fit search is `--memory-fit` / `--no-memory-fit` in both studies that have it (it was
+    `--memory-fit` in `update` and `--no-memory-fit` in `accelerator`); off unless asked for."""
     pytest.importorskip("popjax_bench")
-    from popjax_bench import update
+    from popjax_bench import options_class
     from popjax_bench.options import from_namespace
 
     parser = cli.build_parser()
-    assert from_namespace(update.Options, parser.parse_args(["bench", "update"])).memory_fit is False
-    assert from_namespace(update.Options, parser.parse_args(["bench", "update", "--memory-fit"])).memory_fit is True
-    assert update.Options().memory_fit is False
+    options = options_class(study)
+    given = lambda *flags: from_namespace(options, parser.parse_args(["bench", study, *flags])).memory_fit
+    assert given() is False and options().memory_fit is False
+    assert given("--memory-fit") is True
+    assert given("--no-memory-fit") is False
+    assert given("--memory-fit", "--no-memory-fit") is False  # the last one given wins
     with pytest.raises(SystemExit):
-        parser.parse_args(["bench", "update", "--no-memory-fit"])
+        parser.parse_args(["bench", study, "--memory-fit=yes"])
+
+
+def test_bench_devices_that_split_no_population_are_one_line_and_nothing_runs(tmp_path, monkeypatch, capsys):
+    """`--pop 1 --devices 3`: every point would be skipped; the command line refuses before timing or writing."""
+    pytest.importorskip("popjax_bench")
+    import types
+
+    import popjax_bench
+
+    called = []
+    study = types.SimpleNamespace(main=lambda options: called.append(options) or {"study": "x", "results": []})
+    monkeypatch.setattr(popjax_bench, "_module", lambda name: study)
+    argv = ["bench", "update", "--pop", "1", "--devices", "3", "--allow-busy", "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == ("popjax bench update: error: --devices: 1 member cannot be split over 3 devices (allowed: "
+                   "device counts that divide a --pop value: 1)\n")
+    assert called == [] and not (tmp_path / "out").exists()
+    argv = ["bench", "drivers", "--pop", "4", "--devices", "1,3", "--allow-busy", "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.startswith("popjax bench drivers: error: --devices: 4 members cannot be split "
+                                              "over 3 devices (allowed: device counts that divide a --pop value: "
+                                              "1, 2, 4)")
+    argv = ["bench", "update", "--pop", "2,3", "--devices", "4", "--allow-busy", "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    assert "--devices: none of --pop 2, 3 can be split over 4 devices" in capsys.readouterr().err
+    assert called == [] and not (tmp_path / "out").exists()
+
+
+def test_bench_report_names_a_damaged_result_file_and_the_results_flag(tmp_path, capsys):
+    pytest.importorskip("popjax_bench")
+    (tmp_path / "update.json").write_text('{"study": "update", "results": [')  # cut mid-write
+    argv = ["bench", "report", "--results", str(tmp_path), "--output", str(tmp_path / "R.md")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"popjax bench report: error: --results: {tmp_path / 'update.json'} "
+                                                   "cannot be read (Expecting value"), err
+    assert "repair or remove it" in err and not (tmp_path / "R.md").exists()
+    (tmp_path / "update.json").write_text("[1, 2]")  # JSON, but not a study's result
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == (f"popjax bench report: error: --results: {tmp_path / 'update.json'} is not a "
+                                       "study's result (a JSON object), got list; repair or remove it\n")
+    (tmp_path / "update.json").write_bytes(b"\xff\xfe{")
+    assert cli.main(argv) == 2
+    assert f"--results: {tmp_path / 'update.json'} cannot be read (" in capsys.readouterr().err

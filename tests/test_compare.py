@@ -3,8 +3,6 @@ every figure of the table is computed by hand): values, alignment, bad input, an
 
 import csv
 import json
-import re
-import shlex
 from pathlib import Path
 
 import numpy as np
@@ -174,16 +172,17 @@ def test_export_returns_round_trips_through_the_marl_eval_layout(tmp_path, monke
     assert snapshot(path) == before
 
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-SECTION = README[README.index("## Comparing runs"):README.index("## Benchmarks")]
+def test_the_guide_compare_command_runs_on_three_runs(tmp_path, monkeypatch, capsys):
+    """docs/experiments.md "Comparing runs": compare and export-returns on three runs (written here; the block
+    that trains them is run by tests/test_docs.py)."""
+    from docs_blocks import block
+    from docs_blocks import commands as block_commands
 
-
-def test_the_readme_compare_command_runs_on_three_runs(tmp_path, monkeypatch, capsys):
-    commands = [shlex.split(line) for line in re.search(r"```bash\n(.*?)```", SECTION, re.S).group(1).splitlines()]
+    commands = [["popjax", *c.argv] for c in block_commands(block("docs/experiments.md", "Comparing runs", 1))]
     assert [c[:2] for c in commands] == [["popjax", "compare"], ["popjax", "export-returns"]]
     monkeypatch.chdir(tmp_path)
     rng = np.random.default_rng(0)
-    for path in commands[0][2:5]:  # the README's three run directories, with a learner and seed each
+    for path in commands[0][2:5]:  # the guide's three run directories, with a learner and seed each
         learner, seed = Path(path).name.split("-s")
         fake_run(path, rng.normal(-300, 50, (4, 3)).cumsum(1) * -0.5, learner=learner, seed=int(seed))
     assert cli.main(commands[0][1:]) == 0

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from rundir_helpers import TINY, snapshot
+from rundir_helpers import TINY, killed_copy, snapshot
 
 import popjax
 from popjax import cli
@@ -131,6 +131,40 @@ def test_resume_of_a_finished_run_changes_nothing(run_copy, finished):
     run = popjax.resume(run_copy)
     assert run.summary == finished.summary
     assert snapshot(run_copy) == before
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("cut_mid_line", "metrics.csv ends in a row cut mid-line (line 7), so it lacks the row of member 1 at the final "
+                     "300 env steps"),
+    ("last_row_gone", "metrics.csv lacks the row of member 1 at the final 300 env steps"),
+    ("deleted", "metrics.csv is missing"),
+])
+def test_resume_of_a_finished_run_whose_metrics_lost_rows_says_so_and_changes_nothing(run_copy, damage, says,
+                                                                                        capsys):
+    metrics = run_copy / "metrics.csv"
+    data = metrics.read_bytes()
+    if damage == "deleted":
+        metrics.unlink()
+    else:
+        metrics.write_bytes(data[:-5] if damage == "cut_mid_line" else data[:data.rstrip(b"\n").rfind(b"\n") + 1])
+    before = snapshot(run_copy)
+    assert cli.main(["resume", str(run_copy), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"popjax: error: resume: {run_copy} is finished (300 of 300 env "
+                                                  f"steps) but {run_copy}/{says}; resume trained nothing and changed "
+                                                  "nothing (summary.json holds the final returns)"), err
+    assert err.endswith(f"popjax train --config {run_copy}/config.yaml --out {run_copy} --overwrite\n")
+    assert snapshot(run_copy) == before  # the cut row, like every other byte, is kept
+
+
+def test_resume_of_a_killed_run_whose_metrics_were_deleted_says_the_earlier_rows_are_lost(finished, tmp_path):
+    cut, step = killed_copy(finished.out_dir, tmp_path / "cut")
+    (cut / "metrics.csv").unlink()
+    with pytest.warns(RuntimeWarning, match=rf"metrics.csv is missing: the rows up to {step * 50} env steps are lost"):
+        run = popjax.resume(cut)
+    assert run.summary["final_returns"] == finished.summary["final_returns"]
+    rows = (cut / "metrics.csv").read_text().splitlines()
+    assert [int(line.split(",")[0]) for line in rows[1:]] == [s for s in (100, 200, 300) if s > step * 50 for _ in "ab"]
 
 
 def test_resume_with_every_checkpoint_damaged_refuses_and_keeps_them(run_copy):

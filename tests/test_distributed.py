@@ -197,38 +197,102 @@ def test_a_process_whose_peers_never_join_stops(tmp_path):
     assert not (tmp_path / "run").exists()  # nothing written
 
 
-def readme_job_commands() -> tuple[dict[str, str], list[str]]:
-    """The README's two-process example ("Many machines"): its environment assignments and the argv of
-    ``popjax train`` with ``$i`` left in, as written."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme.split("## Many machines", 1)[1]
-    block = section.split("```bash", 1)[1].split("```", 1)[0]
-    body = block.split(" do\n", 1)[1].split("&\ndone", 1)[0]
-    words = body.replace("\\\n", " ").split()
-    env = {}
-    while "=" in words[0] and not words[0].startswith("-"):
-        name, _, value = words.pop(0).partition("=")
-        env[name] = value
-    assert words[:2] == ["popjax", "train"], words
-    return env, words
+def guide_job(index: int) -> tuple[dict[str, str], list[str]]:
+    """Block ``index`` of the guide's "Many machines" (docs/devices.md), a loop starting one process per ``$i``:
+    its environment assignments and its popjax argv, with ``$i`` left in, as written."""
+    from docs_blocks import block, commands
+
+    text = block("docs/devices.md", "Many machines", index).text
+    assert text.startswith("for i in 0 1; do\n") and text.endswith("&\ndone\nwait\n"), text
+    (command,) = commands(block("docs/devices.md", "Many machines", index))
+    assert command.argv[-1] == "&", command.argv
+    return command.env, command.argv[:-1]
 
 
-def test_the_readme_two_process_example_runs_as_written(tmp_path):
-    env, words = readme_job_commands()
-    assert "--devices" not in words  # the job's devices are the default
-    port = free_local_port()
-    budget = ["--steps", "400", "--warmup", "100", "--eval-interval", "200", "--eval-episodes", "1",
-              "--batch-size", "32", "--buffer-size", "1000", "--rollout-len", "20", "--timeout", "30"]  # last wins
+def run_guide_job(tmp_path: Path, index: int, port: int, budget: list[str]) -> None:
+    env, argv = guide_job(index)
     procs = []
     for i in (0, 1):
-        argv = [w.replace("$i", str(i)).replace("127.0.0.1:29500", f"127.0.0.1:{port}")
-                .replace("runs/pbt-two-processes", str(tmp_path / "run")) for w in words]
-        log = open(tmp_path / f"process{i}.readme.log", "w")  # noqa: SIM115 - closed with the process
-        procs.append(subprocess.Popen([sys.executable, "-m", *argv, *budget], stdout=log, stderr=subprocess.STDOUT,
-                                      env=dict(_env(), **env), cwd=tmp_path))
-    codes = finish(procs, tmp_path, "readme")
-    assert codes == [0, 0], f"{codes}\n{log_of(tmp_path, 0, 'readme')[-3000:]}\n{log_of(tmp_path, 1, 'readme')[-3000:]}"
+        words = [w.replace("$i", str(i)).replace("127.0.0.1:29500", f"127.0.0.1:{port}")
+                 .replace("runs/pbt-two-processes", str(tmp_path / "run")) for w in argv]
+        log = open(tmp_path / f"process{i}.guide{index}.log", "w")  # noqa: SIM115 - closed with the process
+        procs.append(subprocess.Popen([sys.executable, "-m", "popjax", *words, *budget], stdout=log,
+                                      stderr=subprocess.STDOUT, env=dict(_env(), **env), cwd=tmp_path))
+    codes = finish(procs, tmp_path, f"guide{index}")
+    logs = [log_of(tmp_path, i, f"guide{index}")[-3000:] for i in (0, 1)]
+    assert codes == [0, 0], f"{codes}\n{logs[0]}\n{logs[1]}"
+
+
+def test_the_guide_two_process_example_runs_and_resumes(tmp_path):
+    """docs/devices.md "Many machines": the two-process train (with the job's devices as the default), then the
+    resume of the same job; the resume of a finished run changes none of its rows."""
+    _, argv = guide_job(0)
+    assert "--devices" not in argv  # the job's devices are the default
+    budget = ["--steps", "400", "--warmup", "100", "--eval-interval", "200", "--eval-episodes", "1",
+              "--batch-size", "32", "--buffer-size", "1000", "--rollout-len", "20", "--timeout", "30"]  # last wins
+    run_guide_job(tmp_path, 0, free_local_port(), budget)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert len(summary["final_returns"]) == 4
     config = (tmp_path / "run" / "config.yaml").read_text()
     assert "devices: 4" in config, config
+    rows = (tmp_path / "run" / "metrics.csv").read_text()
+    run_guide_job(tmp_path, 1, free_local_port(), ["--timeout", "30"])
+    assert (tmp_path / "run" / "metrics.csv").read_text() == rows
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["final_returns"] == summary["final_returns"]
+
+
+STAND_IN_SRUN = """#!/bin/bash
+# SLURM's srun on one machine: two tasks of one job, each with SLURM's variables and 4 forced CPU devices
+# (8 in the job, as the script's --devices 8), the guide's command followed by the tiny flags in $TINY.
+pids=()
+for i in 0 1; do
+  SLURM_JOB_ID=$JOB_ID SLURM_STEP_NODELIST=127.0.0.1 SLURM_NTASKS=2 SLURM_PROCID=$i SLURM_LOCALID=$i \
+  XLA_FLAGS=--xla_force_host_platform_device_count=4 "$@" $TINY > "task$i.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+exit $status
+"""
+
+
+def slurm_job_id_with_a_free_port() -> int:
+    """A SLURM job id whose coordinator port (JAX: job id % 4096 + 61440) is free on 127.0.0.1 now."""
+    import socket
+
+    for offset in range(4096):
+        job_id = (os.getpid() + offset) % 4096  # apart from a job of another test process
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", job_id + 61440))
+            except OSError:
+                continue
+            return job_id
+    pytest.fail("no free port in JAX's SLURM range")
+
+
+def test_the_guide_slurm_script_runs_under_a_stand_in_srun(tmp_path):
+    """docs/devices.md's SLURM script, run by bash as written; srun is a stand-in that starts its two tasks on
+    this machine, and the tiny flags put probe:pendulum in place of brax:halfcheetah (minutes of compilation)."""
+    from docs_blocks import block
+
+    script = block("docs/devices.md", "Many machines", 2).text
+    assert script.startswith("#!/bin/bash\n#SBATCH") and "--distributed" in script
+    (tmp_path / "job.sh").write_text(script)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(STAND_IN_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    job_id = slurm_job_id_with_a_free_port()
+    tiny = ("--env probe:pendulum --steps 200 --warmup 50 --eval-interval 100 --eval-episodes 1 --batch-size 16 "
+            "--buffer-size 200 --rollout-len 25 --learner-config hidden=[8] --timeout 60")
+    env = dict(_env(), PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
+               JOB_ID=str(job_id), TINY=tiny)
+    result = subprocess.run(["bash", "job.sh"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=LIMIT_S)
+    logs = [(tmp_path / f"task{i}.log").read_text()[-3000:] for i in (0, 1)]
+    assert result.returncode == 0, f"{result.stderr}\n{logs[0]}\n{logs[1]}"
+    summary = json.loads((tmp_path / "runs" / "pbt-cheetah" / "summary.json").read_text())
+    assert len(summary["final_returns"]) == 64 and summary["env"] == "probe:pendulum"
+    assert "devices: 8" in (tmp_path / "runs" / "pbt-cheetah" / "config.yaml").read_text()
+    assert "joined as process 1 of 2, 4 of the job's 8 devices here" in logs[1]

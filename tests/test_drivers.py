@@ -1,10 +1,10 @@
-"""The driver contract, checked on every registered driver and on a driver defined only here.
+"""The driver contract, checked on every registered driver and on the guide's example driver.
 
 For each driver in ``DRIVERS`` (JAX env path, tiny sizes): the state and its counters, the
 shapes of metrics and evaluation returns, one trace per compiled program over a whole run
 (PBT exploits, CEM tells and bandit draws included), and a kill followed by ``resume`` that
 equals the uninterrupted run leaf for leaf with every metrics row exactly once. A random-search
-driver written in this module registers with one line and trains: a driver is an addition.
+driver written in the guide (docs/extending.md) registers with one line and trains: a driver is an addition.
 """
 
 import csv
@@ -12,20 +12,17 @@ import json
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import struct
+import yaml
+from docs_blocks import block, run_python
 from learner_helpers import assert_trees_equal, use_shared_xla_cache
 from rundir_helpers import killed_copy
 
 import popjax
 from popjax.config import make_config
 from popjax.drivers import DRIVERS
-from popjax.drivers.base import Counters, Driver, DriverDef, DriverHost, DriverOptions, Episodes
 from popjax.experiment import build
-from popjax.population import tree
-from popjax.schema import Float
 
 BASE = dict(learner="td3", env="probe:pendulum", pop_size=4, seed=5, total_env_steps=300, warmup_steps=100,
             rollout_len=25, eval_interval=100, eval_episodes=1, batch_size=16, buffer_size=1000,
@@ -39,6 +36,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "hts": {"learner": "dqn", "env": "gym:popjax/HtsToy-v0", "learner_config": {"hidden": [8, 8]},
             "hts": {"alpha": 25, "executors": 3, "actors": 2}},
 }
+
+
+INDEPENDENT_MEMBERS = {"independent", "hts"}  # members never interact: each one an independent sample
 
 
 def options(name: str) -> dict[str, Any]:
@@ -71,6 +71,18 @@ def test_state_counters_metrics_and_evaluation_shapes(name):
     assert returns.shape == ((pop,) if actors is None else (actors,)) and np.isfinite(returns).all()
 
 
+def test_members_are_independent_only_where_the_driver_and_its_options_say_so():
+    """``DriverDef.independent_members`` for every driver, HTS's ``population: pbt`` coupling its members, and a
+    driver that declares nothing (its members are not taken as independent samples)."""
+    def independent(name, **extra):
+        definition = DRIVERS[name]
+        return definition.members_independent(definition.parse_options(make_config(**{**options(name), **extra})))
+
+    assert {name for name in DRIVERS if independent(name)} == INDEPENDENT_MEMBERS
+    assert not independent("hts", hts={"alpha": 25, "executors": 3, "population": "pbt"}, pbt={"interval": 100})
+    assert not RANDOM_SEARCH.members_independent(RandomSearchOptions())
+
+
 @pytest.mark.parametrize("name", sorted(DRIVERS))
 def test_every_program_traces_once_and_kill_then_resume_is_exact(name, compilers, tmp_path):
     full = popjax.train(out_dir=tmp_path / "full", **options(name))
@@ -84,6 +96,12 @@ def test_every_program_traces_once_and_kill_then_resume_is_exact(name, compilers
         assert len(summary["cem_mean_returns"]) == 3 and int(full.state.cem.generation) == 3
     if name == "dvd":
         assert summary["dvd_bandit"]["draws"] == 3 and traces["after_eval"] == 1
+    iqm = summary["final_iqm"]  # an interval over members only where they are independent samples (issue 37)
+    assert np.isfinite(iqm["iqm"])
+    if name in INDEPENDENT_MEMBERS:
+        assert iqm["ci"][0] <= iqm["iqm"] <= iqm["ci"][1] and "no_ci" not in iqm
+    else:
+        assert iqm["ci"] is None and iqm["no_ci"].startswith(f"members of a {name} run interact")
 
     # A kill: the newest checkpoints and the summary are gone, later metrics rows are not.
     cut, _ = killed_copy(full.out_dir, tmp_path / "cut")
@@ -100,77 +118,25 @@ def test_every_program_traces_once_and_kill_then_resume_is_exact(name, compilers
     assert len(keys) == len(set(keys))
 
 
-# --- a driver defined outside popjax -------------------------------------------------------------
-@struct.dataclass
-class SearchState:
-    learner: Any  # [pop] candidates (learner states; only their policies matter)
-    best: Any  # the best candidate so far (one learner state)
-    best_return: jax.Array
-    hparams: Any
-    counters: Counters
-
-
-class SearchHost(DriverHost):
-    def summary(self, state):
-        return {**super().summary(state), "search_best_return": float(state.best_return)}
-
-
-def build_random_search(ctx, opts):
-    """Random search: each generation perturbs the best candidate per member and keeps the best."""
-    learner, members, pop = ctx.learner, ctx.members, ctx.config.pop_size
-
-    def init(key):
-        states = jax.vmap(learner.init)(members.keys(key), ctx.hparams)
-        return SearchState(learner=states, best=tree.member(states, 0), best_return=jnp.float32(-jnp.inf),
-                           hparams=ctx.hparams, counters=Counters.zeros())
-
-    def prepare(key, state):
-        def perturb(member_key):
-            leaves, treedef = jax.tree.flatten(state.best)
-            keys = jax.random.split(member_key, len(leaves))
-            noisy = [x + opts.sigma * jax.random.normal(k, x.shape, x.dtype)
-                     if jnp.issubdtype(x.dtype, jnp.floating) else x for x, k in zip(leaves, keys, strict=True)]
-            return jax.tree.unflatten(treedef, noisy)
-
-        return state.replace(learner=jax.vmap(perturb)(members.keys(key))), {}
-
-    def policy(state, obs):
-        return jax.vmap(learner.policy)(state.learner, obs)
-
-    def learn(key, state, batch):
-        best = jnp.argmax(batch.returns)
-        better = batch.returns[best] > state.best_return
-        candidate = tree.member(state.learner, best)
-        steps = batch.mask.sum() // pop
-        return state.replace(best=jax.tree.map(lambda c, b: jnp.where(better, c, b), candidate, state.best),
-                             best_return=jnp.maximum(state.best_return, batch.returns[best]),
-                             counters=state.counters.advance(env_steps=steps)), {"fitness": batch.returns}
-
-    axes = SearchState(learner=True, best=False, best_return=False, hparams=True, counters=False)
-    return Driver(init=init, interaction=Episodes(1), act=lambda key, state, obs: policy(state, obs), learn=learn,
-                  evaluation=Episodes(ctx.config.eval_episodes), policy=policy, member_axes=axes,
-                  host=SearchHost(lambda state: state.hparams), prepare=prepare)
-
-
-class RandomSearchOptions(DriverOptions):
-    sigma: Float(gt=0) = 0.05  # std of the parameter perturbation
-
-
-RANDOM_SEARCH = DriverDef(name="random_search", build=build_random_search, options=RandomSearchOptions, pmap=False)
-
-
-def test_a_driver_defined_outside_popjax_registers_and_trains(monkeypatch, tmp_path):
-    monkeypatch.setitem(DRIVERS, "random_search", RANDOM_SEARCH)
-    run_options = {**BASE, "driver": "random_search", "total_env_steps": 800, "eval_interval": 400,
-                   "random_search": {"sigma": 0.1}}
-    run = popjax.train(out_dir=tmp_path / "run", **run_options)
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["driver"] == "random_search" and summary["env_steps"] == 800  # 4 generations of 200 steps
-    assert summary["search_best_return"] == float(run.state.best_return) > -2000
-    rows = metric_rows(tmp_path / "run")
-    assert [int(r["env_steps"]) for r in rows] == [400] * 4 + [800] * 4
-    assert "fitness" in rows[0] and (tmp_path / "run" / "plots" / "learning_curves.png").exists()
-    with pytest.raises(popjax.ConfigError, match=r"random_search\.sgima: unknown key \(allowed: sigma\)"):
-        popjax.train(out_dir=tmp_path / "bad", **{**run_options, "random_search": {"sgima": 0.1}})
-    again = popjax.train(out_dir=tmp_path / "again", **run_options)
-    assert_trees_equal(again.state, run.state)  # same seed, same results
+# --- a driver defined outside popjax: the guide's (docs/extending.md, "Writing a driver") ----------------------
+def test_the_guide_driver_registers_and_trains(tmp_path, monkeypatch):
+    """The guide's random-search driver, run as written: it registers with one line and trains 4 generations of
+    one episode per member; a misspelt option is one line; the same seed gives the same state."""
+    monkeypatch.chdir(tmp_path)
+    try:
+        namespace = run_python(block("docs/extending.md", "Writing a driver", 0))
+        run = namespace["run"]
+        out = tmp_path / "runs" / "random-search"
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["driver"] == "random_search" and summary["env_steps"] == 800  # 4 generations of 200 steps
+        assert summary["search_best_return"] == float(run.state.best_return) > -2000
+        rows = metric_rows(out)
+        assert [int(r["env_steps"]) for r in rows] == [400] * 4 + [800] * 4
+        assert "fitness" in rows[0] and (out / "plots" / "learning_curves.png").exists()
+        options = yaml.safe_load((out / "config.yaml").read_text())  # the resolved options of the guide's run
+        with pytest.raises(popjax.ConfigError, match=r"random_search\.sgima: unknown key \(allowed: sigma\)"):
+            popjax.train(out_dir=tmp_path / "bad", **{**options, "random_search": {"sgima": 0.1}})
+        again = popjax.train(out_dir=tmp_path / "again", **options)
+        assert_trees_equal(again.state, run.state)  # same seed, same results
+    finally:
+        DRIVERS.pop("random_search", None)

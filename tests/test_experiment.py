@@ -17,7 +17,7 @@ TINY = dict(learner="td3", env="probe:pendulum", pop_size=2, total_env_steps=600
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    return popjax.train(out_dir=out, tensorboard=True, **TINY)
+    return popjax.train(out_dir=out, logger=["tensorboard"], **TINY)
 
 
 def test_run_directory_has_the_documented_files(tiny_run):
@@ -54,7 +54,7 @@ def test_summary_has_the_population_iqm_and_compare_reads_the_run(tiny_run, tmp_
 
 
 def test_same_seed_gives_identical_results_and_other_seed_differs(tiny_run, tmp_path):
-    again = popjax.train(out_dir=tmp_path / "again", tensorboard=True, **TINY)
+    again = popjax.train(out_dir=tmp_path / "again", logger=["tensorboard"], **TINY)
     assert again.summary["final_returns"] == tiny_run.summary["final_returns"]
     for a, b in zip(popjax_leaves(again.state), popjax_leaves(tiny_run.state), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -108,3 +108,35 @@ def test_a_diverged_member_is_reported_and_logged_as_nan(tiny_run, tmp_path):
     RunDir(tmp_path).append_metrics(loop.driver.host.rows(tiny_run.state, {}, returns))
     rows = RunDir(tmp_path).read_metrics()
     assert rows[0]["eval_return"] == -100.0 and np.isnan(rows[1]["eval_return"])
+
+
+def test_train_takes_a_mapping_of_options_like_a_config_file(tiny_run, tmp_path):
+    """``popjax.train({...})``: the dict is validated as a config file's options; keywords override it."""
+    options = {**TINY, "pop_size": 3}
+    run = popjax.train(options, out_dir=tmp_path / "dict", pop_size=2)
+    assert run.summary["final_returns"] == tiny_run.summary["final_returns"]  # the same run as the keywords'
+    assert yaml.safe_load((tmp_path / "dict" / "config.yaml").read_text())["pop_size"] == 2
+    assert options["pop_size"] == 3  # the caller's dict is not changed
+
+
+@pytest.mark.parametrize("config, message", [
+    ({**TINY, "pop_size": 0}, "pop_size: must lie in [1, 65536], got 0"),
+    ({**TINY, "popsize": 2}, "popsize: unknown option (allowed: learner, env"),
+    ({1: 2}, "config: option names are strings, got 1"),
+    ([("learner", "td3")], "config: expected a RunConfig or a mapping of options (as in a config file), got list"),
+])
+def test_train_refuses_a_bad_config_argument_in_one_line(config, message, tmp_path):
+    with pytest.raises(popjax.ConfigError) as err:
+        popjax.train(config, out_dir=tmp_path / "run")
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("out_dir", [None, 3, ["runs"]])
+def test_train_refuses_an_out_dir_that_is_not_a_path_in_one_line(out_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(popjax.ConfigError) as err:
+        popjax.train(out_dir=out_dir, **TINY)
+    assert str(err.value) == (f"out_dir: expected a directory path (a str or os.PathLike), got "
+                              f"{type(out_dir).__name__} {out_dir!r}")
+    assert not any(tmp_path.iterdir())  # nothing written, not even runs/latest

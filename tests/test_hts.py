@@ -20,7 +20,7 @@ from popjax.envs.registry import env_spec
 from popjax.envs.runner import HostRunner
 from popjax.envs.toy import SleepyToyEnv
 from popjax.learners import LEARNERS
-from popjax.learners.base import Learner, RolloutStep
+from popjax.learners.base import Learner, RolloutStep, without_extras
 from popjax.loop import KeyPurpose, Loop, key_for
 from popjax.population.hparams import population_hparams
 from popjax.population.members import Members
@@ -67,7 +67,7 @@ def tiny_learner(versioned: bool = False) -> Learner:
         log = state["log"].at[state["version"]].set(entry)
         return {"w": state["w"] - LR * grad, "version": version, "log": log}, {"loss": loss(state["w"], trajectory)}
 
-    return Learner(init=init, act=act, policy=policy, step=RolloutStep(update_rollout))
+    return Learner(init=init, act=without_extras(act), policy=policy, step=RolloutStep(update_rollout))
 
 
 def toy_factory(kind="exponential", mean_s=2e-4):

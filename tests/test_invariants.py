@@ -158,7 +158,7 @@ def candidates(learner: str, count: int) -> dict[str, list]:
 def pbt_options(learner: str) -> dict[str, Any]:
     """PBT every evaluation, one loser of two; the learner's own prior, or one built from an hparam's bounds."""
     options: dict[str, Any] = {"interval": 20, "quantile": 0.5}
-    if LEARNERS[learner].search_space is None:
+    if LEARNERS[learner].pbt.search_space is None:
         bounds = hparam_bounds(LEARNERS[learner].hparams_cls)
         name = next(n for n in bounds if not bounds[n].integer)
         values = candidates(learner, 3)[name]
@@ -306,7 +306,7 @@ def vmap_cases():
                                marks=(pytest.mark.slow,) if i else ())
         made = tiny_learner(learner)[0]
         replay = isinstance(made.step, ReplayStep)
-        extra = [what for what, has in (("weighted", replay and made.step.td),
+        extra = [what for what, has in (("weighted", replay and made.step.priorities),
                                         ("hooks", replay and (made.maintain or made.shrink))) if has]
         if extra:
             yield pytest.param(learner, envs[0], True, id=f"{learner}-{envs[0].split(':')[1]}-{'-'.join(extra)}",
@@ -342,7 +342,7 @@ def member_program(learner, spec, config, extended: bool = False):
 
             def replay_update(now, xs):
                 keys, batch, w = xs
-                new, metrics, td = step.update(keys, now, batch, w if extended and step.td else None, hp)
+                new, metrics, td = step.update(keys, now, batch, w if extended and step.priorities else None, hp)
                 return new, (new, metrics, td)
 
             keys = jax.random.split(k_update, 2 * h).reshape(2, h)
@@ -370,8 +370,8 @@ def test_vmap_equals_the_per_member_loop(name, env, extended):
     values = candidates(name, 3)
     hparams = population_hparams(definition.default_hparams(None), 3, {k: v[:3] for k, v in values.items()})
     cfg = make_learner_config(config)
-    if definition.specialize is not None:  # as a driver builds it for a population with these hparams
-        cfg = definition.specialize(cfg, hparams, config.updates_per_iter, frozenset())
+    if definition.fit.specialize is not None:  # as a driver builds it for a population with these hparams
+        cfg = definition.fit.specialize(cfg, hparams, config.updates_per_iter, frozenset())
     learner = definition.make(cfg, spec)
     assert isinstance(learner.step, definition.step_kind)
 
@@ -539,8 +539,8 @@ def test_bad_hparams_are_refused_in_one_line_and_nothing_is_written(learner, tmp
         leaf = getattr(defaults, name)
         assert leaf.shape == () and leaf.dtype == (jnp.int32 if number.integer else jnp.float32), name
         assert number.inside(np.asarray(leaf).item()), name
-    if definition.search_space is not None:
-        validate_space(definition.search_space, definition.hparams_cls, at=("search_space",))
+    if definition.pbt.search_space is not None:
+        validate_space(definition.pbt.search_space, definition.hparams_cls, at=("search_space",))
 
     options = {**run_options(learner, "independent"), "hparams": {}}
     good = candidates(learner, 1)

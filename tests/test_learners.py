@@ -172,3 +172,46 @@ def test_member_hparams_really_differ():
         base = LEARNERS[name].default_hparams(None)
         hps = [with_values(base, **o) for o in MEMBER_HPARAMS[name]]
         assert trees_differ(hps[0], hps[1]) and trees_differ(hps[1], hps[2])
+
+
+# --- LearnerDef.policy_state / optimizer_state against init's state (issue 37) ---------------------------------
+def _env(name):
+    return "probe:pendulum" if LEARNERS[name].action_kind == "continuous" else "probe:cartpole"
+
+
+@pytest.mark.parametrize("name", sorted(LEARNERS))
+def test_declared_policy_and_optimizer_fields_resolve_in_init_state(name):
+    """Every learner's dotted ``policy_state`` paths and ``optimizer_state`` pairs name fields of its ``init``
+    state, each optimizer state shaped after its params (what PBT's ``copy: policy``/``reset_optimizer`` touch)."""
+    from popjax.config import make_config, make_learner_config
+    from popjax.envs import registry
+    from popjax.learners.base import declared_state_problem
+    from popjax.population.tree import get_path
+
+    definition = LEARNERS[name]
+    config = make_learner_config(make_config(learner=name, env=_env(name)))
+    learner = definition.make(config, registry.env_spec(_env(name)))
+    state = jax.eval_shape(learner.init, jax.random.key(0), definition.default_hparams(config))
+    assert declared_state_problem(definition, state) is None
+    for path in (*definition.policy_state, *definition.optimizer_state, *definition.optimizer_state.values()):
+        assert jax.tree.leaves(get_path(state, path)), path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"policy_state": ("actor", "target_actr")},
+     "learner td3: LearnerDef.policy_state 'target_actr': init's state has no field 'target_actr'"),
+    ({"optimizer_state": {"actor_opt": "critic", "critic_opt": "actor"}},
+     "learner td3: LearnerDef.optimizer_state 'actor_opt': holds no state shaped like the params 'critic' it is "
+     "said to update"),
+])
+def test_a_wrong_declared_field_is_refused_when_the_run_is_built(monkeypatch, change, message):
+    """A typo (or a swapped pair) is refused before anything compiles, not at the first ``copy: policy`` exploit."""
+    import dataclasses
+
+    from popjax.config import make_config
+    from popjax.experiment import build
+
+    monkeypatch.setitem(LEARNERS, "td3", dataclasses.replace(LEARNERS["td3"], **change))
+    with pytest.raises(TypeError) as err:
+        build(make_config(learner="td3", env="probe:pendulum", pop_size=2))
+    assert str(err.value) == message

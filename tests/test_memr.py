@@ -22,8 +22,10 @@ from popjax import cli
 from popjax.buffers.prioritized import importance_weights, make_prioritized_buffer
 from popjax.buffers.segmented import segmented_init, segmented_sample, segmented_write
 from popjax.config import ConfigError, make_config
-from popjax.learners.memr import MEMRConfig, default_hparams, entropy_priority, make_memr, memr_core, sac_hparams
+from popjax.learners.memr import MEMRConfig, default_hparams, entropy_priority, make_memr, memr_core
+from popjax.learners.sac import SACConfig, SACHParams, make_sac
 from popjax.networks.dynamics import model_nll
+from popjax.population.hparams import restrict
 from popjax.population.tree import member, stack
 from popjax.types import EnvSpec, Transition
 
@@ -33,7 +35,8 @@ M = 16
 
 def config(**overrides) -> MEMRConfig:
     base = dict(hidden=(16, 16), model_hidden=(32, 32), psi_hidden=(16,), ensemble=2, segments=4, sac_batch=8,
-                batch_size=M, model_update_every=2, model_epochs=1, psi_epochs=2, policy_updates=2)
+                batch_size=M, model_update_every=2, model_epochs=1, psi_epochs=2, policy_updates=2,
+                termination="learned")
     return MEMRConfig(**{**base, **overrides})
 
 
@@ -209,8 +212,7 @@ def test_m3_weights_change_the_q_gradient_never_the_policy_gradient():
     # A full SAC update with a frozen critic (lr 0): the actor and temperature steps are bit-identical whatever the
     # weights, while the weighted Q loss differs.
     frozen = hp.replace(critic_lr=jnp.float32(0.0))
-    update = jax.jit(lambda w: core.sac.update_weighted(jax.random.key(2), state.sac, batch, w,
-                                                        sac_hparams(frozen)))
+    update = jax.jit(lambda w: core.sac.update(jax.random.key(2), state.sac, batch, w, restrict(frozen, SACHParams)))
     (s1, m1, _), (s2, m2, _) = update(w1), update(w2)
     assert_trees_equal((s1.actor, s1.log_alpha, s1.critic), (s2.actor, s2.log_alpha, s2.critic))
     assert float(m1["critic_loss"]) != float(m2["critic_loss"])
@@ -231,10 +233,37 @@ def test_m3_in_a_memr_step_the_weights_reach_the_critic_only():
     assert trees_differ(a.sac.critic, b.sac.critic)
 
 
+def rollout_terminations(termination: str, env_name: str) -> np.ndarray:
+    """The termination flags one MEMR step writes to the model buffer, on a spec named ``env_name``."""
+    spec = EnvSpec(env_name, (3,), action_dim=2, action_low=(-1.0,) * 2, action_high=(1.0,) * 2)
+    core = memr_core(config(termination=termination), spec)
+    state = core.init(jax.random.key(0), hparams())
+    batch = linear_batch(jax.random.key(1), (M,))
+    state, _, _ = core.step(jax.random.key(2), state, batch, jnp.ones(M), hparams())
+    return np.asarray(state.rollouts.data.terminated[0])
+
+
+def test_known_terminations_replace_the_learned_logit():
+    learned = rollout_terminations("learned", "probe:pendulum")
+    assert 0 < learned.sum() < M  # the untrained logit ends some rollouts and not others
+    np.testing.assert_array_equal(rollout_terminations("known", "probe:pendulum"), np.zeros(M))  # never ends
+    np.testing.assert_array_equal(rollout_terminations("known", "probe:bandit"), np.ones(M))  # always ends
+    with pytest.raises(ValueError, match="no known termination rule for test-linear"):
+        memr_core(config(termination="known"), SPEC)
+
+
+def test_memr_and_sac_start_from_the_same_sac_networks():
+    """Pairing by network: for the same member key, ``memr_sac``'s SAC part is the ``sac`` learner's init."""
+    key = jax.random.key(7)
+    sac_state = make_sac(SACConfig(hidden=(16, 16), batch_size=8), SPEC).init(key, restrict(hparams(), SACHParams))
+    assert_trees_equal(INIT(key, hparams()).sac, sac_state)
+
+
 def test_uniform_start_states_ignore_the_weights_and_declare_no_priorities():
-    c = config(start_states="uniform", buffer="uniform")
+    c = config(start_states="uniform")
     learner = make_memr(c, SPEC)
-    assert not learner.step.td and learner.step.chunk == 2
+    assert not learner.step.priorities and not learner.step.by_priority and learner.step.chunk == 2
+    assert make_memr(config(), SPEC).step.by_priority
     state = jax.jit(learner.init)(jax.random.key(0), hparams())
     batches = linear_batch(jax.random.key(1), (2, M))
     keys = jax.random.split(jax.random.key(1), 2)
@@ -294,9 +323,11 @@ RUN = dict(env="probe:pendulum", pop_size=2, total_env_steps=120, warmup_steps=4
     ({"per_alpha": -0.1}, "per_alpha"),
     ({"learner_config": {"segments": 0}}, "learner_config.segments"),
     ({"learner_config": {"segments": 3, "sac_batch": 25}}, "learner_config.segments"),
-    ({"buffer": "uniform"}, "learner_config.start_states"),
-    ({"learner_config": {"start_states": "uniform"}}, "learner_config.start_states"),
+    ({"buffer": "uniform"}, "buffer"),
+    ({"learner_config": {"start_states": "uniform"}}, "buffer"),
     ({"learner_config": {"start_states": "greedy"}}, "learner_config.start_states"),
+    ({"learner_config": {"termination": "oracle"}}, "learner_config.termination"),
+    ({"env": "gym:InvertedPendulum-v5", "buffer_size": 2000}, "learner_config.termination"),
 ])
 def test_bad_memr_input_is_one_line_naming_the_field(options, field, tmp_path):
     given = {**RUN, **options, "learner_config": {**RUN["learner_config"], **options.get("learner_config", {})}}
@@ -344,8 +375,8 @@ def test_a_memr_population_trains_counts_and_resumes_exactly(start_states, tmp_p
     (["--learner-config", "segments=0"], "learner_config.segments: must lie in [1, 1000000], got 0"),
     (["--learner-config", "segments=1", "--learner-config", "sac_batch=512"],
      "learner_config.segments: a model buffer of 1 x 256 (batch_size) rollouts is smaller than one SAC batch of 512"),
-    (["--set", "buffer=uniform"], "learner_config.start_states: prioritized start states are drawn by buffer: "
-                                  "prioritized, got buffer: uniform"),
+    (["--set", "buffer=uniform"], "buffer: the memr_sac learner draws its samples by priority, which the uniform "
+                                  "source does not (allowed: prioritized)"),
     (["--env", "probe:cartpole", "--set", "buffer=prioritized"], "env: memr_sac needs continuous actions"),
     (["--learner-config", "model_update_every=30"], "learner_config.model_update_every: x update_ratio (30 updates) "
                                                     "must divide the updates per iteration (50"),

@@ -207,8 +207,9 @@ def test_vmap_equals_the_per_member_loop(name, kind):
     assert_trees_close(pop_state, stack([s for s, _ in outs]), atol=1e-6, rtol=1e-6)
     assert_trees_close(pop_metrics, stack([m for _, m in outs]), atol=1e-6, rtol=1e-6)
     assert int(pop_state.steps[0]) == learner.step.updates == (4 if name == "ppo" else 1)
-    acts = jax.vmap(learner.act, in_axes=(0, 0, None, 0))(keys, pop_state, jnp.zeros((5,) + spec.obs_shape),
-                                                          stack(hparams))
+    acts, extras = jax.vmap(learner.act, in_axes=(0, 0, None, 0))(keys, pop_state, jnp.zeros((5,) + spec.obs_shape),
+                                                                  stack(hparams))
+    assert extras is None
     assert acts.shape == (3, 5) + spec.action_shape
     if not spec.discrete:
         assert float(jnp.abs(acts).max()) <= 1.0
@@ -332,20 +333,20 @@ def test_ppo_takes_old_log_probs_and_advantages_from_the_behaviour_state():
 # --- runners: ended ------------------------------------------------------------------------------
 def test_runners_report_ended_on_truncation_and_termination():
     runner = JaxRunner(make_vec_env(registry.make_jax_env("probe:pendulum")), Members(1), 2)
-    act = lambda key, t, actor, obs: jnp.zeros(obs.shape[:2] + (1,))
+    act = lambda key, t, actor, obs: (jnp.zeros(obs.shape[:2] + (1,)), None)
     _, exp = jax.jit(lambda k: runner.rollout(k, act, None, runner.reset(k), 250))(jax.random.key(0))
     ended = np.asarray(exp.ended).reshape(250, 2)  # [members, T * envs] -> time-major
     assert ended.dtype == bool and np.array_equal(np.flatnonzero(ended[:, 0]), [199])  # 200-step time limit
     assert np.array_equal(ended[:, 0], ended[:, 1]) and not np.asarray(exp.transitions.terminated).any()
     runner = JaxRunner(make_vec_env(registry.make_jax_env("probe:cartpole")), Members(1), 1)
-    act = lambda key, t, actor, obs: jnp.ones(obs.shape[:2], jnp.int32)  # always push right: falls quickly
+    act = lambda key, t, actor, obs: (jnp.ones(obs.shape[:2], jnp.int32), None)  # always push right: falls quickly
     _, exp = jax.jit(lambda k: runner.rollout(k, act, None, runner.reset(k), 100))(jax.random.key(0))
     np.testing.assert_array_equal(exp.ended, exp.transitions.terminated > 0)
     assert int(exp.finished_episodes[0]) == int(exp.ended.sum()) >= 3
     pytest.importorskip("gymnasium")
     host = HostRunner(lambda n, seed, first: registry.make_host_env("gym:CartPole-v1", n, seed, first), 1, 2, 0)
     host.reset(None)
-    _, exp = host.rollout(None, lambda key, t, actor, obs: np.ones(obs.shape[:2], np.int32), None, None, 60)
+    _, exp = host.rollout(None, lambda key, t, actor, obs: (np.ones(obs.shape[:2], np.int32), None), None, None, 60)
     host.close()
     assert exp.ended.shape == (1, 120) and exp.ended.dtype == bool
     np.testing.assert_array_equal(exp.ended, exp.transitions.terminated > 0)
@@ -357,7 +358,8 @@ def test_runners_report_ended_on_truncation_and_termination():
     (dict(driver="cemrl"), "driver: the cemrl driver trains from a replay buffer, not the on-policy learner ppo "
                            "(allowed: independent, pbt"),
     (dict(driver="dvd"), "driver: the dvd driver trains from a replay buffer"),
-    (dict(buffer="prioritized"), "buffer: the on-policy learner ppo keeps no replay buffer (allowed: uniform)"),
+    (dict(buffer="prioritized"),
+     "buffer: the on-policy learner ppo keeps no replay buffer (allowed: uniform, the default)"),
     (dict(env="gym:CartPole-v1", overlap=True), "overlap: acting one update behind would hand the on-policy"),
     (dict(hparams={"clip": 0.0}), "hparams.clip: must lie in (0, 10], got 0.0"),
     (dict(hparams={"gae_lambda": 1.5}), "hparams.gae_lambda: must lie in [0, 1]"),

@@ -13,14 +13,13 @@ import pytest
 
 from popjax.config import ConfigError
 from popjax.drivers.base import Counters
-from popjax.drivers.pbt import (
-    PBTConfig,
-    PBTHost,
+from popjax.drivers.pbt_host import PBTHost
+from popjax.drivers.pbt_options import PBTConfig, parse_pbt_config
+from popjax.drivers.pbt_round import (
     PBTState,
     exploit_and_explore,
     initial_hparams,
     initial_record,
-    parse_pbt_config,
     pbt_after_eval,
     perturb_value,
     window_fitness,

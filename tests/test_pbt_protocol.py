@@ -46,7 +46,6 @@ def test_spec_protocol_is_what_the_committed_runs_used():
 
 def test_the_paper_options_pass_popjax_validation():
     from popjax.config import make_config
-
     from popjax.presets import apply_preset
 
     config = make_config(**apply_preset(r2.options("pbt", 0, args("paper"))))

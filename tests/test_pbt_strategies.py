@@ -10,7 +10,8 @@ from rundir_helpers import killed_copy
 from test_pbt import TD3_SPACE, population, run_exploit, toy_population
 
 from popjax.config import ConfigError
-from popjax.drivers.pbt import PBTConfig, exploit_and_explore, parse_pbt_config
+from popjax.drivers.pbt_options import PBTConfig, parse_pbt_config
+from popjax.drivers.pbt_round import exploit_and_explore
 from popjax.population import pb2, selection
 from popjax.population.hparams import Range
 
@@ -242,6 +243,22 @@ def test_multi_frequency_groups_exploit_at_their_own_interval_and_migrate():
     assert mf_round(2)[:3] == mf_round(0)[:3]  # P2 evolves every second round only
 
 
+def test_multi_frequency_replaces_broken_members_in_every_round():
+    """Issue 37: a NaN member of a resting sub-population (5, in P2 at round 0), or one beyond B4 (0, in P1 with
+    three NaN members and q = 1), takes its sub-population's best valid member and is explored."""
+    state, hp = toy_population(8)
+    nan = float("nan")
+    fitness = jnp.asarray([nan, nan, nan, 40.0, 15.0, nan, 35.0, 45.0])
+    new_state, _, info = jax.tree.map(np.asarray, mf_exploit(jax.random.key(0), state, hp, fitness, jnp.int32(0)))
+    # P1 ranked [3, 0, 1, 2]: B4 = 2 takes 3; B3 = 1 migrates from 7; 0 (broken, in B2) takes 3. P2 rests: 5 takes 7
+    assert info["parent"].tolist() == [3, 7, 3, 3, 4, 7, 6, 7]
+    assert [int(w) // 6 for w in new_state["w"][:, 0, 0]] == [3, 7, 3, 3, 4, 7, 6, 7]
+    assert np.flatnonzero(info["explored"]).tolist() == [0, 2, 5]
+    assert np.flatnonzero(info["loser"]).tolist() == [0, 1, 2, 5]
+    # a round with every member valid is unchanged by the rule (the hand-checked rounds above)
+    assert mf_round(0)[:3] == ([3, 7, 2, 3, 4, 5, 6, 7], [3, 7, 2, 3, 4, 5, 6, 7], [0])
+
+
 @pytest.mark.parametrize("raw, message", [
     ({"subpopulations": [4, 2], "frequencies": [1, 2]}, "pbt.subpopulations: sizes [4, 2] sum to 6, not pop_size 8"),
     ({"subpopulations": [4, 4]}, "pbt.frequencies: required with subpopulations"),
@@ -423,7 +440,7 @@ def check_relations(hp):
 
 @pytest.mark.parametrize("explore", ["resample", "perturb"])
 def test_constraints_are_never_violated_in_10k_draws(explore):
-    from popjax.drivers.pbt import initial_hparams
+    from popjax.drivers.pbt_round import initial_hparams
     from popjax.learners import td3
     from popjax.population.hparams import population_hparams
 

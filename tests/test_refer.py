@@ -19,7 +19,7 @@ from scipy import stats
 from popjax.buffers.sources import make_uniform_source
 from popjax.config import ConfigError, make_config
 from popjax.learners import refer, sac, td3
-from popjax.learners.base import replay_step
+from popjax.learners.base import adam_step, replay_step
 from popjax.population.tree import member, stack
 from popjax.types import Replayed, Transition, dummy_transition
 
@@ -143,7 +143,7 @@ def test_e4_all_far_batch_gives_no_gradient_at_beta_one_and_only_kl_below():
             return (1.0 - beta) * refer.kl_gaussian(mu["mean"], mu["log_std"], mean, mu["log_std"]).mean()
 
         grads = jax.grad(kl_loss)(state.base.actor)
-        expected, _ = td3.adam_step(state.base.actor, grads, state.base.actor_opt, hp.actor_lr)
+        expected, _ = adam_step(state.base.actor, grads, state.base.actor_opt, hp.actor_lr)
         if beta == 1.0:
             assert_trees_equal(new.base.actor, state.base.actor)
         else:
@@ -404,25 +404,61 @@ def test_hts_driver_stores_the_behaviour_and_writes_rho_back(tmp_path):
     assert 0.0 < summary["beta"][0] < 1.0
 
 
-@pytest.mark.processes  # CLI runs of whole examples, as tests/test_readme.py's
-def test_the_readme_commands_run(tmp_path, monkeypatch):
-    """The README's two ReF-ER commands, at tiny sizes, with the far fraction and beta in summary.json."""
+@pytest.mark.processes  # CLI runs of whole examples, as tests/test_docs.py's
+def test_the_guide_commands_run(tmp_path, monkeypatch):
+    """The guide's two ReF-ER commands (docs/learners.md), at tiny sizes, with the far fraction and beta in
+    summary.json."""
     import json
-    import re
-    import shlex
-    from pathlib import Path
+
+    from docs_blocks import block, commands
 
     from popjax import cli
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    commands = re.findall(r"^    (popjax train --learner refer_\S+.*)$", readme, re.M)
-    assert [c.split()[3] for c in commands] == ["refer_td3", "refer_sac"]
+    found = [c.argv for c in commands(block("docs/learners.md", "ReF-ER: remember and forget experience replay"))]
+    assert [c[2] for c in found] == ["refer_td3", "refer_sac"]
     monkeypatch.chdir(tmp_path)
     tiny = ["--steps", "200", "--warmup", "50", "--rollout-len", "25", "--eval-interval", "100", "--eval-episodes",
             "1", "--batch-size", "16", "--buffer-size", "500", "--learner-config", "hidden=[8]", "--no-progress",
             "--set", "pbt={interval: 100}"]
-    for i, command in enumerate(commands):
-        assert cli.main(shlex.split(command)[1:] + tiny + ["--out", f"run{i}"]) == 0
+    for i, argv in enumerate(found):
+        assert cli.main(argv + tiny + ["--out", f"run{i}"]) == 0
         summary = json.loads((tmp_path / f"run{i}" / "summary.json").read_text())
         assert len(summary["learner_metrics"]["beta"]) == 4 and 0 < summary["learner_metrics"]["beta"][0] < 1
     assert json.loads((tmp_path / "run1" / "summary.json").read_text())["pbt"]["rounds"] == 1
+
+
+PB2_RUN = dict(learner="refer_td3", pop_size=4, seed=3, total_env_steps=400, warmup_steps=40, eval_interval=40,
+               rollout_len=10, envs_per_member=2, batch_size=BATCH, buffer_size=200, eval_episodes=1,
+               learner_config={"hidden": [8]}, progress=False,
+               pbt={"explore": "pb2", "interval": 40, "quantile": 0.25,
+                    "search_space": {"exploration_noise": {"low": 0.05, "high": 0.5}}})
+
+
+@pytest.mark.parametrize("driver", ["pbt", "hts"])
+def test_pb2_proposal_reaches_the_replaced_members_ratios(driver):
+    """Issue 37: under ``explore: pb2`` a replaced member's stored ratios are those of its learner state *and* the
+    sigma PB2 proposed for it (written after the compiled round), not of its parent's sigma."""
+    from popjax.drivers.replay import refresh_replaced
+    from popjax.experiment import build, build_learner_config
+    from popjax.registry import LEARNERS
+
+    options = dict(PB2_RUN, driver=driver, env="probe:pendulum" if driver == "pbt" else "gym:Pendulum-v1")
+    if driver == "hts":
+        options["hts"] = {"alpha": 10, "executors": 2, "population": "pbt", "serial": True}
+    config = make_config(**options)
+    loop = build(config)
+    state, env_state = loop.initial_state()
+    while loop.counters(state)[0] < 80:  # past the warm-up: ratios stored by two policies
+        state, env_state, _ = loop.step(state, env_state)
+    before = jax.tree.map(np.asarray, state.hparams)
+    state, info = loop.after_eval(state, np.arange(4.0))
+    loser = np.asarray(info["loser"])
+    assert info["ready"] and loser.tolist() == [True, False, False, False]
+    noise = np.asarray(state.hparams.exploration_noise)
+    assert noise[0] != before.exploration_noise[int(info["parent"][0])]  # PB2 proposed another sigma
+    definition = LEARNERS["refer_td3"]
+    learner = definition.make(build_learner_config(config, definition), loop.runner.spec)
+    source = make_uniform_source(config, loop.runner.spec, learner.step)
+    expected = refresh_replaced(learner, source, state, jnp.asarray(loser))  # a fixed point when right
+    np.testing.assert_allclose(np.asarray(state.buffer.data.extras["rho"][0]),
+                               np.asarray(expected.buffer.data.extras["rho"][0]), rtol=1e-6)

@@ -3,6 +3,8 @@ members with different sparsities under vmap, PBT sparsity changes, bad inputs, 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -405,6 +407,7 @@ def test_sac_multi_step_target_by_hand():  # U6, SAC form: entropy terms at the 
     from popjax.learners import sac as sac_module
 
     core = sac_module.sac_core(sac_module.SACConfig(hidden=(8,)), SPEC)
+    sample = functools.partial(sac_module.sample_action, core.actor_net)
     keys = jax.random.split(jax.random.key(0))
     actor = core.actor_net.init(keys[0], jnp.zeros((1, 3)))
     target_critic = core.critic_net.init(keys[1], jnp.zeros((1, 3)), jnp.zeros((1, 2)))
@@ -417,7 +420,7 @@ def test_sac_multi_step_target_by_hand():  # U6, SAC form: entropy terms at the 
     windows = rlx2.Windows(td3.Transition(obs=jnp.zeros((3, 3, 3)), action=jnp.zeros((3, 3, 2)), reward=reward,
                                           next_obs=next_obs, terminated=terminated), ended)
     key = jax.random.key(3)
-    actions, log_probs = core.sample(key, actor, next_obs)  # the draws the target makes, [3, 3, 2] and [3, 3]
+    actions, log_probs = sample(key, actor, next_obs)  # the draws the target makes, [3, 3, 2] and [3, 3]
     q = lambda b, k: float(core.critic_net.apply(target_critic, next_obs[b, k][None],  # noqa: E731
                                                  actions[b, k][None]).min(axis=0)[0])
     lp = np.asarray(log_probs)
@@ -425,7 +428,7 @@ def test_sac_multi_step_target_by_hand():  # U6, SAC form: entropy terms at the 
             + 0.125 * (q(0, 2) - 0.3 * lp[0, 2]),
             2 * (1 + 0.5 * 2) - 0.3 * 0.5 * lp[1, 0] + 0.25 * (q(1, 1) - 0.3 * lp[1, 1]),
             2 * (1 + 0.5 * 2) - 0.3 * 0.5 * lp[2, 0]]
-    got = rlx2.sac_multi_step_target(key, core.sample, target_critic, core.critic_net, actor, windows, alpha, hp,
+    got = rlx2.sac_multi_step_target(key, sample, target_critic, core.critic_net, actor, windows, alpha, hp,
                                      jnp.int32(3))
     np.testing.assert_allclose(got, want, rtol=1e-5)
 

@@ -339,7 +339,7 @@ def test_vmapped_population_equals_per_member_loop(name):
     assert trees_differ(member(params, 0), member(params, 1))
     obs = jnp.zeros((n, 5, 3))
     assert jax.vmap(c.learner.policy)(states, obs).shape[:2] == (n, 5)
-    assert jax.vmap(c.learner.act)(jax.random.split(jax.random.key(1), n), states, obs, hparams).shape[:2] == (n, 5)
+    assert jax.vmap(c.learner.act)(jax.random.split(jax.random.key(1), n), states, obs, hparams)[0].shape[:2] == (n, 5)
 
 
 # --- bad inputs and a short run ------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """popjax.stats: estimators against values computed by hand, bootstrap structure, and CI coverage on seeded
 synthetic data whose truth is known."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -140,27 +143,25 @@ def test_few_seed_percentile_intervals_undercover_and_t_intervals_do_not():
     assert pct <= 0.85 and t >= 0.90, (pct, t)
 
 
-def test_estimators_and_intervals_match_rliable_where_it_installs():
-    """rliable 1.2.0 (with arch < 8 and pandas < 3; not a popjax dependency) as the oracle: the estimators agree,
-    and our kernels on rliable's own resamples (global np.random.choice per replicate) give its CI exactly."""
-    rly_metrics = pytest.importorskip("rliable.metrics")
-    rly_library = pytest.importorskip("rliable.library")
-    s = np.random.default_rng(0).normal(size=(10, 3))
-    x, y = np.random.default_rng(1).normal(size=(5, 3)), np.random.default_rng(2).normal(size=(6, 3))
-    assert stats.iqm(s) == pytest.approx(rly_metrics.aggregate_iqm(s))
-    assert stats.mean(s) == pytest.approx(rly_metrics.aggregate_mean(s))
-    assert stats.median(s) == pytest.approx(rly_metrics.aggregate_median(s))
-    assert stats.optimality_gap(s) == pytest.approx(rly_metrics.aggregate_optimality_gap(s))
-    assert stats.prob_improvement(x, y) == pytest.approx(rly_metrics.probability_of_improvement(x, y))
-    np.random.seed(0)
-    _, ci = rly_library.get_interval_estimates(
-        {"a": s}, lambda v: np.array([rly_metrics.aggregate_iqm(v), rly_metrics.aggregate_mean(v)]), reps=1000)
-    np.random.seed(0)
-    reps = [[stats.iqm(r), stats.mean(r)] for r in (s[np.random.choice(10, (10, 3)), np.arange(3)]
-                                                    for _ in range(1000))]
-    np.testing.assert_allclose(np.percentile(reps, [2.5, 97.5], axis=0), ci["a"], rtol=1e-12)
-    ours = stats.stratified_ci(s, "iqm", reps=1000)  # our own generator: the same interval up to resampling noise
-    assert ours.low == pytest.approx(ci["a"][0, 0], abs=0.05) and ours.high == pytest.approx(ci["a"][1, 0], abs=0.05)
+def test_estimators_and_intervals_match_rliable():
+    """rliable 1.2.0 as the oracle, through its values on fixed inputs computed once (``tests/fixtures/
+    make_rliable_reference.py``; rliable is not a popjax dependency): the estimators agree, and our kernels on
+    rliable's own resamples (the global legacy ``np.random.choice`` per replicate, seed 0) give its CI exactly."""
+    ref = json.loads((Path(__file__).parent / "fixtures" / "rliable_reference.json").read_text())
+    s, x, y = np.array(ref["s"]), np.array(ref["x"]), np.array(ref["y"])
+    assert stats.iqm(s) == pytest.approx(ref["iqm"], rel=1e-12)
+    assert stats.mean(s) == pytest.approx(ref["mean"], rel=1e-12)
+    assert stats.median(s) == pytest.approx(ref["median"], rel=1e-12)
+    assert stats.optimality_gap(s) == pytest.approx(ref["optimality_gap"], rel=1e-12)
+    assert stats.prob_improvement(x, y) == pytest.approx(ref["prob_improvement"], rel=1e-12)
+    ci, (n, m) = ref["ci"], s.shape
+    rng = np.random.RandomState(ci["seed"])  # the stream np.random.seed(0) gives rliable
+    reps = [[stats.iqm(r), stats.mean(r)] for r in (s[rng.choice(n, (n, m)), np.arange(m)]
+                                                    for _ in range(ci["reps"]))]
+    np.testing.assert_allclose(np.percentile(reps, [2.5, 97.5], axis=0), ci["low_high"], rtol=1e-12)
+    ours = stats.stratified_ci(s, "iqm", reps=ci["reps"])  # our own generator: the same interval up to noise
+    low, high = ci["low_high"][0][0], ci["low_high"][1][0]
+    assert ours.low == pytest.approx(low, abs=0.05) and ours.high == pytest.approx(high, abs=0.05)
 
 
 def test_population_iqm_of_summary_json():
@@ -169,3 +170,6 @@ def test_population_iqm_of_summary_json():
     three = stats.population_iqm([1.0, 2.0, 6.0])
     assert (three["iqm"], three["ci"], three["values"]) == (3.0, None, [1.0, 2.0, 6.0])
     assert stats.population_iqm([1.0, float("nan")])["iqm"] is None  # a diverged member
+    # members that are not independent samples (PBT, CEM-RL, DvD): the point value, its values, no interval
+    coupled = stats.population_iqm([4.0, 1.0, 3.0, 2.0], not_independent="members interact")
+    assert coupled == {"n": 4, "iqm": 2.5, "ci": None, "no_ci": "members interact", "values": [4.0, 1.0, 3.0, 2.0]}

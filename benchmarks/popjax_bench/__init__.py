@@ -31,6 +31,9 @@ Studies:
   model (Zhang 2022, Eq. 5.6) beside the measured scaling factor (``popjax_bench.spo``);
 - ``hts``: env steps/s of the HTS-RL driver's threads vs the lock-step baseline under constant, exponential
   and gamma step times, beside the runtime model (``popjax_bench.hts``);
+- ``dispatch``: the per-call overhead of the one-step population update against no-op programs with the same
+  arguments, and the training loop's own cost per iteration (eager dispatches, host reads), written as
+  ``dispatch_<backend>.json`` (``popjax_bench.dispatch``);
 - ``report``: regenerate ``benchmarks/RESULTS.md`` from the JSON results.
 
 ``--devices 1,2`` splits the population over 1 and then 2 devices (on a CPU, host devices
@@ -61,7 +64,7 @@ import tempfile
 from pathlib import Path
 
 STUDIES = ("update", "accelerator", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per",
-           "spo", "hts", "sparse_inference", "report")
+           "spo", "hts", "sparse_inference", "dispatch", "report")
 
 _HELP = {
     "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
@@ -78,6 +81,8 @@ _HELP = {
            "scaling model (Eq. 5.6)",
     "hts": "HTS-RL env steps/s vs lock-step: step-time distributions, alpha, actor threads, beside the runtime model",
     "sparse_inference": "CPU latency of a sparse RLx2 actor executed sparsely (compact, BCOO) vs dense",
+    "dispatch": "per-call overhead of a compiled population update (against no-op programs with the same "
+                "arguments) and what the training loop adds per iteration, written as dispatch_<backend>.json",
     "report": "regenerate benchmarks/RESULTS.md from the JSON results",
 }
 
@@ -200,6 +205,7 @@ def check_args(args: argparse.Namespace):
         return options
     from popjax_bench import common
 
+    options.check_split()  # a device count no population divides: refused before anything is written
     json_path, png_path = common.output_paths(options.out_dir, study)
     _writable("--out", json_path)
     if options.plot:
@@ -219,6 +225,10 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"popjax bench {study}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    if study != "report":  # compile once (popjax.compile_cache); the compile study times fresh compilations
+        from popjax import compile_cache
+
+        compile_cache.enable("off" if study == "compile" else None)
     try:
         result = _module(study).main(options)
     except ValueError as err:  # a bad option value found by the study itself, or a busy machine: one line

@@ -31,8 +31,7 @@ class Options(update.Options):
                                           allowed=update.PROBLEMS, what=" learner")
     pops: tuple[int, ...] = opt.ints(POPS, "population sizes, comma-separated", flag="--pop")
     max_seconds: float = opt.max_seconds(300.0)
-    memory_fit: bool = opt.switch(True, "skip the search for the largest population that fits in memory",
-                                  flag="--no-memory-fit")
+    memory_fit: bool = opt.memory_fit(False)
 
 
 def device_slug() -> str:

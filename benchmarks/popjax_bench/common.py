@@ -665,6 +665,8 @@ def study_payload(
         "params": params,
         "results": results,
         "notes": notes or [],
+        # JAX's persistent compilation cache (popjax.compile_cache): compile times of programs it held are loads
+        "compile_cache": jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache else None,
         **extra,
     }
 

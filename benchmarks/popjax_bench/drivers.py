@@ -39,6 +39,7 @@ class Options(opt.StudyOptions):
     """``popjax bench drivers`` (and ``drivers.run(...)``)."""
 
     STUDY: ClassVar[str] = STUDY
+    SPLIT: ClassVar[str] = "pop"
     drivers: tuple[str, ...] = opt.names(("independent", "pbt", "cemrl", "dvd"), "comma-separated drivers",
                                          flag="--driver", allowed=_drivers, what=" driver")
     parallel: tuple[str, ...] = opt.names(("sharding", "pmap"), "parallel paths for device counts > 1",

@@ -123,8 +123,8 @@ def collect(loop):
 
     def host_act(key, t, actor, obs):
         obs = placement.from_local(obs)
-        return placement.to_local(compiler("act", act_program, key, t, actor, obs)(key, t, actor, obs),
-                                  loop.local_rows)
+        acted = compiler("act", act_program, key, t, actor, obs)(key, t, actor, obs)
+        return jax.tree.map(lambda x: placement.to_local(x, loop.local_rows), acted)  # (actions, extras)
 
     def call(state, env_state, iteration):
         return loop.runner.rollout(loop.key(KeyPurpose.COLLECT, iteration), host_act, state, None, steps)
@@ -172,7 +172,7 @@ def gym_single(env_id: str, learner_name: str, hidden, steps: int, opts) -> dict
     spec = spec_from_gym_env(env_id, env)
     learner, hp = _learner(learner_name, spec, hidden)
     state = jax.jit(learner.init)(jax.random.key(opts.seed), hp)
-    act = jax.jit(lambda key, i, state, obs: learner.act(jax.random.fold_in(key, i), state, obs, hp))
+    act = jax.jit(lambda key, i, state, obs: learner.act(jax.random.fold_in(key, i), state, obs, hp)[0])
     low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
     key = jax.random.key(opts.seed)
     obs, _ = env.reset(seed=opts.seed)

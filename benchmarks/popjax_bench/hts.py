@@ -70,7 +70,7 @@ def _executors(o: Options, kind: str, alpha: int, actors: int, lockstep: bool):
     w = jnp.asarray(np.random.default_rng(o.seed).normal(size=(16, 4)), jnp.float32)
     act = jax.jit(lambda obs: jnp.argmax(obs @ w, axis=-1))  # a fixed-shape population forward pass
     act(np.zeros((1, o.executors, 16), np.float32)).block_until_ready()
-    ex.act = lambda obs, t, valid: act(obs)
+    ex.act = lambda obs, t, valid: (act(obs), None)
     return ex
 
 

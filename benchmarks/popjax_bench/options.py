@@ -70,6 +70,12 @@ def switch(default: bool, help: str, *, flag: str) -> Any:
     return _field(default, help, SWITCH, flag)
 
 
+def toggle(default: bool, help: str, *, flag: str) -> Any:
+    """A boolean with both spellings, ``flag`` and ``--no-`` + its name (``--memory-fit`` / ``--no-memory-fit``),
+    whatever the study's default: an option several studies share is spelled the same in all of them."""
+    return _field(default, help, SWITCH, flag, paired=True)
+
+
 # --- options several studies have ------------------------------------------------------------------------
 def repeats() -> Any:
     return integer(10, "minimum timed calls per point, K-step calls included (at least 10)", ge=10)
@@ -82,6 +88,13 @@ def min_time() -> Any:
 def max_seconds(default: float = 120.0) -> Any:
     return number(default, "per-point budget: a larger N whose estimated time (warm-up and timed calls) exceeds "
                            "it is skipped and recorded as skipped")
+
+
+def memory_fit(default: bool) -> Any:
+    """``--memory-fit`` / ``--no-memory-fit`` (``update`` and ``accelerator``)."""
+    return toggle(default, "search the largest population whose compiled K-step update fits in the device's memory "
+                  "(compiles one program per size tried: about a minute on a CPU, minutes on a GPU)",
+                  flag="--memory-fit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +111,9 @@ class BaseOptions:
 
     def check(self) -> None:
         """Checks involving several options (a study overrides it); ``ValueError``, one line."""
+
+    def check_split(self) -> None:
+        """The command line's check of how the populations split over the devices (``StudyOptions``)."""
 
     def devices_needed(self) -> list[int]:
         """The device counts the study uses (forced as host devices before JAX starts, where needed)."""
@@ -136,7 +152,30 @@ class SittingOptions(BaseOptions):
 class StudyOptions(SittingOptions):
     """A timed study that splits its population over ``--devices`` (the ``spo`` study places replicas instead)."""
 
+    SPLIT: ClassVar[str] = "pops"  # the field of the population size(s) split over --devices, if the study has it
     devices: tuple[int, ...] = ints((1,), "device counts to split the population over, e.g. 1,2")
+
+    def device_splits(self) -> list[int]:
+        """The device counts a population is split over, one per ``--devices`` value."""
+        return list(self.devices)
+
+    def check_split(self) -> None:
+        """A one-line ValueError for a device count that no population size divides (its every point would be
+        skipped). The command line runs it before anything is timed or written; a Python caller gets the
+        skipped rows."""
+        field = next((f for f in dataclasses.fields(self) if f.name == self.SPLIT), None)
+        if field is None:
+            return
+        sizes = getattr(self, field.name)
+        sizes = sizes if isinstance(sizes, tuple) else (sizes,)
+        for devices in self.device_splits():
+            if all(n % devices for n in sizes):
+                fits = sorted({d for n in sizes for d in range(1, n + 1) if n % d == 0})
+                shown = ", ".join(map(str, fits[:12])) + (", ..." if len(fits) > 12 else "")
+                what = (f"{sizes[0]} member{'s' if sizes[0] > 1 else ''} cannot" if len(sizes) == 1
+                        else f"none of {flag_of(field)} {', '.join(map(str, sizes))} can")
+                raise ValueError(f"--devices: {what} be split over {devices} devices (allowed: device counts that "
+                                 f"divide a {flag_of(field)} value: {shown})")
 
 
 def flag_of(f: dataclasses.Field) -> str:
@@ -247,8 +286,13 @@ def add_to_parser(parser: argparse.ArgumentParser, cls: type[BaseOptions]) -> No
         meta = f.metadata
         help_text = meta.get("help", "").replace("%", "%%")
         if meta.get("kind") == SWITCH:
-            parser.add_argument(flag_of(f), dest=f.name, action="store_false" if f.default else "store_true",
-                                default=argparse.SUPPRESS, help=help_text)
+            if meta.get("paired"):
+                parser.add_argument(flag_of(f), dest=f.name, action=argparse.BooleanOptionalAction,
+                                    default=argparse.SUPPRESS, help=f"{help_text} (default: "
+                                    f"{flag_of(f) if f.default else '--no-' + flag_of(f)[2:]})")
+            else:
+                parser.add_argument(flag_of(f), dest=f.name, action="store_false" if f.default else "store_true",
+                                    default=argparse.SUPPRESS, help=help_text)
             continue
         shown = "" if f.default is None and "default" in help_text else f" (default: {_shown(f.default)})"
         parser.add_argument(flag_of(f), dest=f.name, default=argparse.SUPPRESS, help=help_text + shown)

@@ -44,6 +44,7 @@ class Options(opt.StudyOptions):
     """``popjax bench per`` (and ``per.run(...)``)."""
 
     STUDY: ClassVar[str] = STUDY
+    SPLIT: ClassVar[str] = "population"
     branching: tuple[int, ...] = opt.ints((2, 4, 8, 16), "branching factors K of the sum tree (each >= 2)")
     capacity: tuple[int, ...] = opt.ints((10_000, 100_000, 1_000_000), "tree capacities N (leaves)")
     batch: tuple[int, ...] = opt.ints((32, 256, 2048, 16384), "batch sizes B (samples or updates per call)")

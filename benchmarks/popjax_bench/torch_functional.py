@@ -11,6 +11,14 @@ variants timed by the update study:
 - ``torch_vmap``: the step vectorized over members with ``torch.func.vmap`` (the fast-PBT paper's
   "Torch (Vectorized)": ``functional_call`` on stacked parameters), eager.
 - ``torch_vmap_compile``: the same under ``torch.compile``.
+- ``torch_vmap_cudagraph``: the same under ``torch.compile(mode="reduce-overhead")``: the compiled step
+  captured as CUDA graphs and replayed, which removes the kernel launches that bound ``torch_vmap_compile`` on a
+  GPU (what compiled single-file RL baselines use there). A replay writes its outputs into the graph's own
+  memory, which the next replay overwrites, and each step's output state is the next step's input: so
+  ``torch.compiler.cudagraph_mark_step_begin()`` before each call and a clone of what is kept (the state and
+  the metrics), as PyTorch asks; the clones are part of the timed step. CUDA graphs need CUDA: on a CPU the
+  variant falls back to ``torch.compile``'s default mode (the same program as ``torch_vmap_compile``) and
+  says so (``update.cuda_graphs``, ``update.compile_mode``, recorded in the study's rows).
 
 A member's state is a dict of tensors: ``params`` (per network, ``named_parameters`` names), Adam's moments
 ``m``/``v`` and step count ``t`` per optimiser; stacked states have a leading member axis. The steps are the
@@ -37,7 +45,13 @@ if torch is not None:
     # more graphs, and make hitting the limit an error.
     torch._dynamo.config.recompile_limit = 64
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-VARIANTS = ("torch_compile", "torch_vmap", "torch_vmap_compile")
+VARIANTS = ("torch_compile", "torch_vmap", "torch_vmap_compile", "torch_vmap_cudagraph")
+CUDA_GRAPH_MODE = "reduce-overhead"  # torch.compile's mode that captures CUDA graphs
+
+
+def uses_cuda_graphs(variant: str, device: str) -> bool:
+    """Whether ``variant`` runs as CUDA graphs on ``device`` (``torch_vmap_cudagraph`` on a CUDA device)."""
+    return variant == "torch_vmap_cudagraph" and str(device).startswith("cuda")
 
 
 def _params(module) -> dict[str, Any]:
@@ -199,13 +213,18 @@ def hparam_tensors(hp: dict[str, float], pop: int | None = None, device: str = "
 
 
 def population(variant: str, fns, states: list[dict[str, Any]], hp: dict[str, float],
-               device: str = "cpu") -> Callable:
+               device: str = "cpu", cuda_graphs: bool | None = None) -> Callable:
     """``update(batches, noises, policy_step) -> metrics`` for one population step of ``variant``.
 
     ``batches``/``noises``: per member (lists) for ``torch_compile``, stacked ``[pop, ...]`` for the vmap
-    variants. The population's states live in the returned function (``update.states``)."""
+    variants. The population's states live in the returned function (``update.holder["states"]``);
+    ``update.compile_mode`` (None: eager) and ``update.cuda_graphs`` say what runs. ``cuda_graphs``: force the
+    CUDA-graph bookkeeping of ``torch_vmap_cudagraph`` (default: on a CUDA device only; tests)."""
     pop = len(states)
+    graphs = uses_cuda_graphs(variant, device) if cuda_graphs is None else cuda_graphs
+    mode = None
     if variant == "torch_compile":
+        mode = "default"
         step = torch.compile(fns.step, dynamic=False)
         hps = hparam_tensors(hp, device=device)
         holder = {"states": list(states)}
@@ -219,13 +238,25 @@ def population(variant: str, fns, states: list[dict[str, Any]], hp: dict[str, fl
     else:
         vstep = {flag: torch.func.vmap(lambda s, b, n, h, flag=flag: fns.step(s, b, n, h, flag))
                  for flag in (False, True)}
-        if variant == "torch_vmap_compile":
-            vstep = {flag: torch.compile(fn, dynamic=False) for flag, fn in vstep.items()}
+        if variant != "torch_vmap":
+            mode = CUDA_GRAPH_MODE if graphs else "default"
+            kwargs = {"mode": CUDA_GRAPH_MODE} if graphs else {}
+            vstep = {flag: torch.compile(fn, dynamic=False, **kwargs) for flag, fn in vstep.items()}
         hps = hparam_tensors(hp, pop, device)
         holder = {"states": stack(states)}
 
         def update(batches, noises, policy_step):
-            holder["states"], metrics = vstep[policy_step](holder["states"], batches, noises, hps)
+            if graphs:  # this call's replay may overwrite the previous one's outputs: they were cloned
+                torch.compiler.cudagraph_mark_step_begin()
+            out = vstep[policy_step](holder["states"], batches, noises, hps)
+            holder["states"], metrics = clone(out) if graphs else out
             return metrics
     update.holder = holder
+    update.compile_mode = mode
+    update.cuda_graphs = graphs
     return update
+
+
+def clone(tree: Any) -> Any:
+    """A copy of every tensor of ``tree`` (outputs of a CUDA-graph replay kept past the next replay)."""
+    return torch.utils._pytree.tree_map(torch.clone, tree)

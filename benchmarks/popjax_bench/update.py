@@ -13,10 +13,12 @@ device, the implementations timed in the same process are:
   after another, one step per call — the paper's baseline (skipped with a message when
   PyTorch is not installed). TD3's timed call is one policy-delay period of such steps (its
   cost alternates between critic-only and critic+actor steps), divided by the period.
-- ``torch_compile``, ``torch_vmap``, ``torch_vmap_compile`` (TD3 and SAC): the strongest PyTorch a user
-  can write (``torch_functional``): one member's functional step under ``torch.compile`` called member after
-  member, the step vectorized over members with ``torch.func.vmap`` (the paper's "Torch (Vectorized)"), and
-  that under ``torch.compile``; their compile time (the first two calls) is reported apart. Each ratio names
+- ``torch_compile``, ``torch_vmap``, ``torch_vmap_compile``, ``torch_vmap_cudagraph`` (TD3 and SAC): the
+  strongest PyTorch a user can write (``torch_functional``): one member's functional step under
+  ``torch.compile`` called member after member, the step vectorized over members with ``torch.func.vmap`` (the
+  paper's "Torch (Vectorized)"), that under ``torch.compile``, and that captured as CUDA graphs
+  (``mode="reduce-overhead"``; on a CPU it falls back to the default mode, and its rows say so:
+  ``cuda_graphs``, ``torch_compile_mode``); their compile time (the first calls) is reported apart. Each ratio names
   its baseline; ``speedup_vs_torch_best`` is against the fastest PyTorch variant at that N.
 
 ``vmap``/``vmap_scan`` run once per requested device count (the member axis split over the
@@ -53,22 +55,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from popjax import distributed
+from popjax import distributed, precision
 from popjax.learners import LEARNERS
 from popjax.learners.base import chunk_update, one_update
 from popjax.population.tree import broadcast, member
 from popjax.types import EnvSpec, Transition
-from popjax_bench import common
+from popjax_bench import arithmetic, common
 from popjax_bench import options as opt
 from popjax_bench.common import log
 
 STUDY = "update"
-TORCH_IMPLS = ("torch_seq", "torch_compile", "torch_vmap", "torch_vmap_compile")
+TORCH_IMPLS = ("torch_seq", "torch_compile", "torch_vmap", "torch_vmap_compile", "torch_vmap_cudagraph")
 IMPLS = ("vmap", "vmap_scan", "jax_seq", *TORCH_IMPLS)
 VECTORIZED = ("vmap", "vmap_scan")
 FUNCTIONAL_LEARNERS = ("td3", "sac")  # the functional PyTorch variants (torch_functional) exist for these
 DEFAULT_POPS = (1, 2, 4, 8, 16, 32, 64)
 PROBLEMS = ("td3", "sac", "dqn")  # learners with the paper's timing shapes (``problem``)
+CUDA_GRAPH_FALLBACK = ("torch_vmap_cudagraph ran without CUDA graphs (PyTorch's device is not CUDA): torch.compile's "
+                       "default mode, the same program as torch_vmap_compile; its rows say cuda_graphs false")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,13 +95,15 @@ class Options(opt.StudyOptions):
     repeats: int = opt.repeats()
     min_time: float = opt.min_time()
     max_seconds: float = opt.max_seconds()
-    memory_fit: bool = opt.switch(False, "also search the largest population whose compiled K-step update fits in "
-                                  "the device's memory (about a minute)", flag="--memory-fit")
+    memory_fit: bool = opt.memory_fit(False)
     processes: int = opt.integer(1, "P > 1: time vmap/vmap_scan with the population split over the CPU devices of "
                                  "P local processes joined with jax.distributed (CPU collectives over 127.0.0.1), "
                                  "each process with --devices devices, against 1 process with as many devices in "
                                  "all (P x --devices); both run as subprocesses; the sequential baselines "
                                  "(jax_seq, torch_seq) run in one process only and are refused")
+    matmul_precision: str = opt.text("default", "arithmetic of matrix products on both sides: JAX's (popjax's "
+                                     "matmul_precision) and PyTorch set to compute the same (fp32, TF32 or bf16)",
+                                     allowed=precision.MATMUL_PRECISIONS, what=" precision")
 
     def check(self) -> None:
         if self.processes > 1 and self.impls is not None:
@@ -105,6 +111,9 @@ class Options(opt.StudyOptions):
             if sequential:
                 raise ValueError(f"--impl: {', '.join(sequential)} run(s) member after member on one device of one "
                                  f"process; with --processes {self.processes} give vmap and/or vmap_scan")
+
+    def device_splits(self) -> list[int]:
+        return [self.processes * d for d in self.devices]  # with --processes: P x d devices in all
 
     def devices_needed(self) -> list[int]:
         # With --processes the points run in subprocesses that force their own devices.
@@ -175,8 +184,8 @@ def make_learner(p: Problem):
     definition = LEARNERS[p.learner]
     hparams = definition.default_hparams(p.config)
     config = p.config
-    if definition.specialize is not None:
-        config = definition.specialize(config, broadcast(hparams, 1), p.k, frozenset())
+    if definition.fit.specialize is not None:
+        config = definition.fit.specialize(config, broadcast(hparams, 1), p.k, frozenset())
     return definition.make(config, p.spec), hparams
 
 
@@ -306,8 +315,9 @@ def prepare_vmap(p: Problem, pop: int, devices: int, k: int, opts, reuse: bool =
     batches = common.place(batches, devices, member_axis)
     keys = common.place(keys, devices, member_axis)
     with common.PeakMemory() as mem:
-        point = (p, pop, devices, k)
+        point = (p, pop, devices, k, arithmetic.choice(opts))
         if not (reuse and point in _VMAP_COMPILED):
+            fn = arithmetic.jax_program(fn, arithmetic.choice(opts))
             _VMAP_COMPILED[point] = common.compile_timed(fn, keys, state, batches, hparams, donate_argnums=(1,))
         compiled, compile_times = _VMAP_COMPILED[point]
         holder = {"state": state}
@@ -351,11 +361,12 @@ def prepare_jax_seq(p: Problem, pop: int, opts) -> dict[str, Any]:
     del state, batch
     with common.PeakMemory() as mem:
         # The single-member program is the same for every N: compile it once per problem.
-        if p not in _SEQ_COMPILED:
-            _SEQ_COMPILED[p] = common.compile_timed(
-                one_update(learner), keys[0], states[0], batches[0], hps[0], donate_argnums=(1,)
+        if (p, arithmetic.choice(opts)) not in _SEQ_COMPILED:
+            _SEQ_COMPILED[p, arithmetic.choice(opts)] = common.compile_timed(
+                arithmetic.jax_program(one_update(learner), arithmetic.choice(opts)), keys[0],
+                states[0], batches[0], hps[0], donate_argnums=(1,)
             )
-        compiled, compile_times = _SEQ_COMPILED[p]
+        compiled, compile_times = _SEQ_COMPILED[p, arithmetic.choice(opts)]
 
         def call():
             outs = []
@@ -419,6 +430,8 @@ def prepare_torch_seq(p: Problem, pop: int, opts, threads: int | None = None) ->
             torch.set_num_threads(threads)  # per call: implementations are timed interleaved
             return [[m.update(b) for m, b in zip(members, batches, strict=True)] for _ in range(period)]
 
+        call = arithmetic.torch_call(call, arithmetic.torch_arithmetic(arithmetic.choice(opts), dev), dev)
+
         entry = _ready(call, lambda _: tr.synchronize(dev), opts, period)
     return entry | {"compile": None, "memory": mem.result(), "torch_device": dev, "torch_threads": threads}
 
@@ -436,6 +449,8 @@ def torch_layer_gflops(pop: int, batch: int, width: int, threads: int, opts) -> 
     def call():
         torch.set_num_threads(threads)
         return torch.bmm(a, b)
+
+    call = arithmetic.torch_call(call, arithmetic.torch_arithmetic(arithmetic.choice(opts), "cpu"), "cpu")
 
     timing = common.time_calls(call, warmup=2, min_repeats=opts.repeats, min_time=opts.min_time, sync=lambda _: None)
     return {"pop": pop, "batch": batch, "width": width, "threads": threads,
@@ -471,7 +486,8 @@ def prepare_torch_functional(p: Problem, pop: int, opts, variant: str, threads: 
         members = [module(obs_dim, act, p.config.hidden, hp, dev) for _ in range(pop)]
         # One functions object per problem: torch_compile's member graph then compiles once for every N.
         fns = _TORCH_FUNCTIONS.setdefault(p, tf.FUNCTIONS[p.learner](members[0]))
-        update = tf.population(variant, fns, [fns.init_state(m) for m in members], hp, dev)
+        update = arithmetic.torch_call(tf.population(variant, fns, [fns.init_state(m) for m in members], hp, dev),
+                                       arithmetic.torch_arithmetic(arithmetic.choice(opts), dev), dev)
         del members
         vectorized = variant != "torch_compile"
         if vectorized:
@@ -489,13 +505,14 @@ def prepare_torch_functional(p: Problem, pop: int, opts, variant: str, threads: 
             return [update(batches, noise(), t == period - 1) for t in range(period)]
 
         start = time.perf_counter()
-        for _ in range(2):  # compiles (each graph: TD3's critic-only and policy steps)
-            call()
+        for _ in range(3 if update.cuda_graphs else 2):  # compiles each graph (TD3: critic-only and policy
+            call()                                         # steps); CUDA graphs: a warm-up run, then the capture
         first_calls_s = time.perf_counter() - start
         entry = _ready(call, lambda _: tr.synchronize(dev), opts, period)
-    compiled = variant.endswith("compile")
+    compiled = update.compile_mode is not None
     return entry | {"compile": {"compile_s": first_calls_s} if compiled else None, "memory": mem.result(),
-                    "torch_device": dev, "torch_threads": threads}
+                    "torch_device": dev, "torch_threads": threads, "torch_compile_mode": update.compile_mode,
+                    "cuda_graphs": update.cuda_graphs}
 
 
 def _per_member(noise, pop: int, vectorized: bool):
@@ -721,7 +738,7 @@ def _time_job_point(p: Problem, pop: int, devices: int, prepared: list[tuple[str
     for (impl, entry), timing in zip(prepared, timings, strict=True):
         fields = {key: v for key, v in entry.items() if key not in ("call", "sync", "min_repeats")}
         rec = _record(p, impl, pop, devices, fields | {"timing": _slowest(timing["times_s"])})
-        compiled = _VMAP_COMPILED[(p, pop, devices, entry["steps_per_call"])][0]
+        compiled = _VMAP_COMPILED[(p, pop, devices, entry["steps_per_call"], arithmetic.choice(opts))][0]
         rec |= {"hlo_collectives": hlo_collectives(compiled), "fetch_ms": 1e3 * read["median_s"],
                 "fetch_iqr_ms": 1e3 * read["iqr_s"]}
         rows.append(rec)
@@ -1008,8 +1025,10 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
         "baselines": "torch_seq = PyTorch sequential K=1 (paper's baseline; one run per thread count, the fastest "
         "at each N is the baseline); torch_compile = one member's functional step under torch.compile, member "
         "after member; torch_vmap = members vectorized with torch.func.vmap (the paper's Torch (Vectorized)); "
-        "torch_vmap_compile = that under torch.compile; torch_best = the fastest of the PyTorch variants at each "
-        "N; jax_seq = jitted single-member update called member after member, K=1",
+        "torch_vmap_compile = that under torch.compile; torch_vmap_cudagraph = that under torch.compile(mode="
+        "'reduce-overhead') (CUDA graphs, step marking and clones of the kept state included; on a CPU "
+        "torch.compile's default mode, rows say cuda_graphs false); torch_best = the fastest of the PyTorch "
+        "variants at each N; jax_seq = jitted single-member update called member after member, K=1",
         "ceilings": "dense matmul peak (2048² f32) before and after the study; N×[B,h]@[h,h] (B = batch, h = the "
         "widest hidden layer) measured just before each TD3/SAC point, in XLA (the update's batched dot) and, where "
         "PyTorch variants run, in PyTorch (torch.bmm, the faster of the thread counts); DQN has none (its dominant "
@@ -1019,7 +1038,9 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
 
     def write(plot: bool, final: bool = False) -> dict[str, Any]:
         extra = sitting.record(final)
-        payload = common.study_payload(STUDY, params, results, started, notes, memory_fit=memory_fit, **extra)
+        torch_device = next((r["torch_device"] for r in results if r.get("torch_device")), None)
+        payload = common.study_payload(STUDY, params, results, started, notes, memory_fit=memory_fit,
+                                       arithmetic=arithmetic.record(o.matmul_precision, torch_device), **extra)
         common.write_json(json_path, payload)
         if plot:
             plot_update(payload, png_path)
@@ -1089,6 +1110,8 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
                 timing = out["timing"]  # execution time only (compile excluded): it scales with N
                 last[(impl, d, threads)] = (pop, timing["median_s"], out["warmup_calls"])
                 rec = _record(p, impl, pop, d, out)
+                if impl == "torch_vmap_cudagraph" and not rec["cuda_graphs"] and CUDA_GRAPH_FALLBACK not in notes:
+                    notes.append(CUDA_GRAPH_FALLBACK)
                 results.append(rec)
                 point.append(rec)
                 log(

@@ -73,9 +73,22 @@ class SourceDef:
     make: Callable[[Any, EnvSpec, Any], ReplaySource]
     description: str
     row_bytes: int = 0
-    # Whether its sources write values back between samplings (then a chunk of updates, whose batches are drawn
-    # together, differs from the same updates made one at a time: learners chunk only where they must).
+    # Whether its sources write values back between samplings for every learner (priorities; then a chunk of
+    # updates, whose batches are drawn together, differs from the same updates made one at a time: learners chunk
+    # only where they must).
     writes_back: bool = False
+    # Whether it samples by the priorities the learner writes back (what a step with ``by_priority`` needs).
+    prioritized: bool = False
+    # The run options it reads beyond buffer_size and batch_size: a non-default value of one with a source that
+    # does not read it is refused.
+    options: tuple[str, ...] = ()
+    # Whether it keeps a learner's refreshed value per row (``ReplayStep.refresh``: ReF-ER's ratios), written back
+    # at the sampled rows and rewritten for the whole replay (``ReplaySource.rewrite``).
+    keeps_refreshed: bool = False
+
+    def writes_back_for(self, step) -> bool:
+        """Whether the source it makes for a learner's replay ``step`` writes values back between samplings."""
+        return self.writes_back or (self.keeps_refreshed and step.refresh is not None)
 
 
 def _check_windows(config, step, serves_windows: bool) -> None:
@@ -150,8 +163,9 @@ def make_prioritized_source(config, spec: EnvSpec, step) -> ReplaySource:
     """Sampling by |TD error| (a K-ary sum tree per bank, ``popjax.buffers.prioritized``) with importance weights;
     the learner's TD magnitudes are written back as the sampled rows' priorities (through the ``per_delay`` FIFO).
     One bank per replica of a learner that reads ``step.banks`` banks (SPO)."""
-    if not step.td:
-        raise ConfigError(f"buffer: the {config.learner} learner has no prioritized update (allowed: uniform)")
+    if not step.priorities:
+        raise ConfigError(f"buffer: the {config.learner} learner returns no priorities (allowed: a source that does "
+                          "not sample by priority)")
     banks = step.banks
     if config.buffer_size % banks:
         raise ConfigError(f"buffer_size: must be a multiple of the {banks} replay banks (one per replica) with "
@@ -173,8 +187,8 @@ def make_prioritized_source(config, spec: EnvSpec, step) -> ReplaySource:
                         sample=sample, write_back=buffer.update)
 
 
-UNIFORM = SourceDef("uniform", make_uniform_source, "uniform sampling")
+UNIFORM = SourceDef("uniform", make_uniform_source, "uniform sampling", keeps_refreshed=True)
 # The K = 4 sum tree: one float32 leaf and a third of one in inner nodes (more with padding).
 PRIORITIZED = SourceDef("prioritized", make_prioritized_source,
                         "prioritized by |TD error| (K-ary sum tree; learners that return TD magnitudes)", row_bytes=6,
-                        writes_back=True)
+                        writes_back=True, prioritized=True, options=("per_alpha", "per_beta", "per_eps", "per_delay"))

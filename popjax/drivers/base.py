@@ -177,13 +177,16 @@ class Driver(NamedTuple):
     Attributes:
       init: ``key -> state``; the state has a ``counters: Counters`` field.
       interaction: ``Rollout`` or ``Episodes``: what the iteration does in the envs; or an
-        ``OwnInteraction`` that runs the whole iteration itself (``act``/``learn`` are then unused).
-      act: ``(key, state, obs [actors, envs, ...]) -> actions`` while interacting.
-      learn: ``(key, state, experience) -> (state, metrics)``; advances ``counters``.
+        ``OwnInteraction`` that runs the whole iteration itself (and needs no ``act``/``learn``).
       evaluation: ``Episodes``: how the policies are evaluated.
       policy: ``(state, obs [actors, episodes, ...]) -> actions``, deterministic.
       member_axes: prefix pytree of the state with ``True`` where leaves have the member axis.
       host: the ``DriverHost``.
+      act: ``(key, state, obs [actors, envs, ...]) -> (actions, extras)`` while interacting (extras: what the
+        learner records with each transition, ``ReplayStep.extras``; None: nothing); with a ``Rollout`` or
+        ``Episodes`` interaction.
+      learn: ``(key, state, experience) -> (state, metrics)``; advances ``counters``; with a ``Rollout`` or
+        ``Episodes`` interaction.
       prepare: optional ``(key, state) -> (state, metrics)`` run before interacting.
       after_eval: optional ``(key, state, returns) -> (state, info)`` run after each evaluation.
       acting_view: optional ``state -> state``: the state with only what ``act`` reads (e.g. no
@@ -196,12 +199,12 @@ class Driver(NamedTuple):
 
     init: Callable[[Key], Any]
     interaction: Rollout | Episodes | OwnInteraction
-    act: Callable[[Key, Any, jax.Array], jax.Array]
-    learn: Callable[[Key, Any, Any], tuple[Any, Metrics]]
     evaluation: Episodes
     policy: Callable[[Any, jax.Array], jax.Array]
     member_axes: PyTree
     host: DriverHost
+    act: Callable[[Key, Any, jax.Array], tuple[jax.Array, Any]] | None = None
+    learn: Callable[[Key, Any, Any], tuple[Any, Metrics]] | None = None
     prepare: Callable[[Key, Any], tuple[Any, Metrics]] | None = None
     after_eval: Callable[[Key, Any, jax.Array], tuple[Any, Any]] | None = None
     acting_view: Callable[[Any], Any] | None = None
@@ -248,6 +251,11 @@ class DriverOptions(Schema):
         """The hparams this driver changes during the run (PBT: its search space); none by default."""
         return frozenset()
 
+    def couples_members(self) -> bool:
+        """Whether these options make the members of a driver whose members are independent interact (HTS's
+        ``population: pbt``); no by default."""
+        return False
+
 
 class NoOptions(DriverOptions):
     """The options of a driver that takes none."""
@@ -293,6 +301,13 @@ class DriverDef:
       sources: the replay sources (the run's ``buffer``) it samples from; None: every registered one.
       shared_critic: whether it trains actors against one shared critic (CEM-RL, DvD): the learner must offer
         that population (``LearnerDef.shared_critic``).
+      learner_hooks: whether it runs every replay step the learners offer: multi-step windows, ``maintain`` and
+        ``shrink`` hooks (HTS-RL's segment replay does not: a learner that needs them is refused at build).
+      policy_copy: whether PBT's ``copy: policy`` fits it (nothing else a member carries depends on the learner
+        state it copies: HTS-RL's lagged behaviour state and staged segment do).
+      independent_members: whether its members never interact (no copies, no shared parts), unless its options
+        couple them (``DriverOptions.couples_members``): only then is each member an independent sample, and
+        ``summary.json``'s ``final_iqm`` bootstraps over members.
     """
 
     name: str
@@ -304,6 +319,13 @@ class DriverDef:
     steps: tuple[type, ...] = (ReplayStep,)
     sources: tuple[str, ...] | None = ("uniform",)
     shared_critic: bool = False
+    learner_hooks: bool = True
+    policy_copy: bool = False
+    independent_members: bool = False
+
+    def members_independent(self, options: DriverOptions) -> bool:
+        """Whether a run with these (validated) options has independent members (``independent_members``)."""
+        return self.independent_members and not options.couples_members()
 
     def accepts_step(self, kind: type) -> bool:
         return kind in self.steps

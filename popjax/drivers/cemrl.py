@@ -260,10 +260,10 @@ def build(ctx: BuildContext, options: CEMRLOptions | CEMRLSettings, train: Calla
         counters = state.counters.advance(updates=n_calls * k)
         return state.replace(learner=learner, samples=samples, counters=counters), metrics
 
-    def act(key: Key, state: CEMRLState, obs: jax.Array) -> jax.Array:
-        """The samples' deterministic actions (fitness episodes are noise-free)."""
+    def act(key: Key, state: CEMRLState, obs: jax.Array):
+        """The samples' deterministic actions (fitness episodes are noise-free), no extras."""
         del key
-        return jax.vmap(shared.actor_apply)(unravel_many(state.samples), obs)
+        return jax.vmap(shared.actor_apply)(unravel_many(state.samples), obs), None
 
     def learn(key: Key, state: CEMRLState, batch: EpisodeBatch):
         """The episodes into the shared buffer, then ``tell`` with their returns as fitness."""

@@ -235,11 +235,12 @@ def build(ctx: BuildContext, options: DvDOptions | DvDSettings) -> Driver:
         return DvDState(learner=shared.init(key, hparams), buffer=buffer.init(dummy_transition(spec)),
                         hparams=hparams, bandit=bandit_init(len(settings.bandit_arms)), counters=Counters.zeros())
 
-    def act(key: Key, state: DvDState, obs: jax.Array) -> jax.Array:
+    def act(key: Key, state: DvDState, obs: jax.Array):
         keys = members.keys(key)
-        return jax.lax.cond(warming_up(state),
-                            lambda: jax.vmap(lambda k_, o: random_actions(spec, k_, o))(keys, obs),
-                            lambda: shared.act(keys, state.learner, obs, state.hparams))
+        actions = jax.lax.cond(warming_up(state),
+                               lambda: jax.vmap(lambda k_, o: random_actions(spec, k_, o))(keys, obs),
+                               lambda: shared.act(keys, state.learner, obs, state.hparams))
+        return actions, None
 
     def train(key: Key, state: DvDState, weight: jax.Array):
         def one_step(learner, step_key):

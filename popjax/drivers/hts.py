@@ -59,8 +59,11 @@ from popjax.drivers.base import (
 )
 from popjax.drivers.hts_executors import Executors, Storage
 from popjax.drivers.independent import init_members, member_policy
+from popjax.drivers.pbt_options import PBTConfig
+from popjax.drivers.pbt_round import PBTRecord
 from popjax.drivers.replay import make_source, random_actions, refresh_replaced, replay_updates, uses_random_warmup
 from popjax.learners.base import ReplayStep, RolloutStep
+from popjax.population.tree import member
 from popjax.schema import Bool, Float, Int, OneOf, problem
 from popjax.types import Key, Trajectory, Transition, dummy_transition
 
@@ -86,7 +89,7 @@ class HtsOptions(DriverOptions):
     population: OneOf(POPULATIONS) = Field(
         "independent", description="independent members, or pbt: exploit/explore at barriers with the options of "
                                    "the run's pbt block (interval, quantile, search_space, ...)")
-    _pbt: pbt.PBTConfig | None = PrivateAttr(default=None)
+    _pbt: PBTConfig | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo):
@@ -107,6 +110,9 @@ class HtsOptions(DriverOptions):
     def searched_hparams(self) -> frozenset[str]:
         return frozenset() if self._pbt is None else frozenset(self._pbt.space)
 
+    def couples_members(self) -> bool:
+        return self._pbt is not None
+
 
 @struct.dataclass
 class HtsState:
@@ -120,7 +126,7 @@ class HtsState:
     pending: Trajectory | None
     has_pending: jax.Array
     counters: Counters
-    pbt: pbt.PBTRecord | None = None  # population: pbt
+    pbt: PBTRecord | None = None  # population: pbt
 
 
 MEMBER_AXES = HtsState(learner=True, behaviour=True, hparams=True, buffer=True, pending=True, has_pending=False,
@@ -147,7 +153,7 @@ class HtsInteraction(OwnInteraction):
         self.timings: list[dict[str, float]] = []
         self.on_act: Callable | None = None  # a test hook: (acting state, obs, t, valid) on every act call
         # Replaces the compiled act (experiments' negative controls): (programs, key, acting state, obs, t, valid)
-        # -> actions; ``programs`` holds the driver's functions (``act_rows``, ``row_keys``, ...).
+        # -> (actions, extras); ``programs`` holds the driver's functions (``act_rows``, ``row_keys``, ...).
         self.act_override: Callable | None = None
 
     def iterate(self, compiler, keys, state):
@@ -284,10 +290,6 @@ def replay_segments(ctx: BuildContext, options: HtsOptions) -> SegmentLearning:
     """Off-policy: the segment goes into each member's replay source at the barrier, in (t, env) order as a
     synchronous rollout adds it, and each update call makes ``K = alpha x envs x update_ratio`` updates."""
     learner, members, cfg, n = ctx.learner, ctx.members, ctx.config, ctx.members.local
-    if learner.step.window > 1 or learner.maintain is not None or learner.shrink is not None:
-        # Its segment replay holds single transitions and it schedules no maintenance: refuse, never skip them.
-        raise ConfigError(f"learner: {cfg.learner} needs multi-step windows, topology steps or a dynamic replay, "
-                          "which the hts driver does not run (allowed: independent or pbt drivers)")
     k, chunk = max(1, round(options.alpha * cfg.envs_per_member * cfg.update_ratio)), learner.step.chunk
     if k % chunk:
         raise ConfigError(f"hts.alpha: {k} updates per segment is not a multiple of the learner's chunk {chunk}")
@@ -325,7 +327,7 @@ def build_independent(ctx: BuildContext, options: HtsOptions, env_factory: Calla
     segments = SEGMENTS[type(learner.step)](ctx, options)
     warmup = segments.warmup
 
-    def init(key: Key, pbt: pbt.PBTRecord | None = None) -> HtsState:
+    def init(key: Key, pbt: PBTRecord | None = None) -> HtsState:
         learner_state, hparams = init_members(ctx, key)
         return HtsState(learner=learner_state, hparams=hparams, has_pending=jnp.zeros((), bool),
                         counters=Counters.zeros(), pbt=pbt, **segments.init(learner_state))
@@ -339,10 +341,10 @@ def build_independent(ctx: BuildContext, options: HtsOptions, env_factory: Calla
         """Each row alone (keys/obs ``[rows, ...]`` of one member), so no row depends on another."""
         def one(k_, o):
             k_act, k_rand = jax.random.split(k_)
-            acted = jax.tree.map(lambda x: x[0], learner.act(k_act, learner_state, o[None], hparams))
+            action, extras = member(learner.act(k_act, learner_state, o[None], hparams), 0)
             if not warmup or not uses_random_warmup(learner):  # a learner that records its behaviour acts itself
-                return acted
-            return jnp.where(warm, random_actions(spec, k_rand, o[None])[0], acted)
+                return action, extras
+            return jnp.where(warm, random_actions(spec, k_rand, o[None])[0], action), extras
 
         return jax.vmap(one)(keys, obs)
 
@@ -384,7 +386,7 @@ def build_independent(ctx: BuildContext, options: HtsOptions, env_factory: Calla
                 "row_keys": row_keys, "learner_act": learner.act}
     interaction = HtsInteraction(executors, programs, alpha * envs, cfg.total_env_steps)
     # With PBT, the loop calls after_eval between two iterations: always at a barrier.
-    return Driver(init=init, interaction=interaction, act=None, learn=None, evaluation=Episodes(cfg.eval_episodes),
+    return Driver(init=init, interaction=interaction, evaluation=Episodes(cfg.eval_episodes),
                   policy=member_policy(learner), member_axes=MEMBER_AXES,
                   host=HtsHost(DriverHost(lambda s: s.hparams), interaction), on_replace=segments.on_replace)
 
@@ -396,4 +398,4 @@ def hts_run_plots(run_dir) -> list:
 
 
 DEFINITION = DriverDef(name="hts", build=build, options=HtsOptions, plots=hts_run_plots, pmap=False,
-                       steps=(ReplayStep, RolloutStep))
+                       steps=(ReplayStep, RolloutStep), learner_hooks=False, independent_members=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from popjax.drivers.base import InteractionFailed
 from popjax.envs.gymnasium import SEED_STRIDE
-from popjax.types import EnvSpec, split_action
+from popjax.types import EnvSpec
 
 
 # --- env snapshots (exact resume on envs that offer get_state/set_state) ---------------------------
@@ -77,8 +77,8 @@ class Storage:
 
 
 def split_rows(acted):
-    """``(actions, extras | None)`` of an act call's result, as numpy (extras: what the learner records)."""
-    action, extras = split_action(acted)
+    """The ``(actions, extras | None)`` of an act call, as numpy (extras: what the learner records)."""
+    action, extras = acted
     return np.asarray(action), jax.tree.map(np.asarray, extras)
 
 

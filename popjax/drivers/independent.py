@@ -106,14 +106,14 @@ def _replay_population(ctx: BuildContext, state_cls, member_axes) -> Driver:
         replay = jax.vmap(lambda _: source.init())(jnp.arange(members.local))
         return state_cls(learner=learner_state, buffer=replay, hparams=hparams, counters=Counters.zeros(), **extra)
 
-    def act(key: Key, state, obs: jax.Array) -> jax.Array:
-        """Exploration actions for obs ``[pop, envs, ...]`` (uniform random during warm-up, unless the learner
-        records its behaviour: then ``(actions, extras)`` from its own ``act`` throughout)."""
+    def act(key: Key, state, obs: jax.Array):
+        """``(actions, extras)`` for obs ``[pop, envs, ...]``: uniform random during warm-up, unless the learner
+        records its behaviour (then its own ``act`` throughout)."""
         keys = members.keys(key)
         if not uses_random_warmup(learner):
             return jax.vmap(learner.act)(keys, state.learner, obs, state.hparams)
         return jax.lax.cond(warming_up(state),
-                            lambda: jax.vmap(lambda k_, o: random_actions(spec, k_, o))(keys, obs),
+                            lambda: (jax.vmap(lambda k_, o: random_actions(spec, k_, o))(keys, obs), None),
                             lambda: jax.vmap(learner.act)(keys, state.learner, obs, state.hparams))
 
     def train(key: Key, state):
@@ -159,7 +159,7 @@ def _rollout_population(ctx: BuildContext, state_cls, member_axes) -> Driver:
         learner_state, hparams = init_members(ctx, key)
         return state_cls(learner=learner_state, buffer=None, hparams=hparams, counters=Counters.zeros(), **extra)
 
-    def act(key: Key, state, obs: jax.Array) -> jax.Array:
+    def act(key: Key, state, obs: jax.Array):
         return jax.vmap(learner.act)(members.keys(key), state.learner, obs, state.hparams)
 
     def learn(key: Key, state, experience: Experience):
@@ -221,4 +221,4 @@ def build(ctx: BuildContext, options: IndependentOptions) -> Driver:
 
 
 DEFINITION = DriverDef(name="independent", build=build, options=IndependentOptions, steps=(ReplayStep, RolloutStep),
-                       sources=None)
+                       sources=None, independent_members=True)

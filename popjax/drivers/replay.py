@@ -31,16 +31,21 @@ def make_source(ctx: BuildContext) -> ReplaySource:
     definition = SOURCES[cfg.buffer]
     source = definition.make(cfg, ctx.spec, learner.step)
     refreshes = learner.step.refresh is not None
-    # A source writes back what its entry declares (priorities), or the learner's refreshed value.
-    if (source.write_back is not None) != (definition.writes_back or refreshes):
-        raise TypeError(f"replay source {cfg.buffer}: SourceDef.writes_back is {definition.writes_back}, its source "
+    # A source writes back what its entry declares: priorities, or the learner's refreshed value.
+    if (source.write_back is not None) != definition.writes_back_for(learner.step):
+        raise TypeError(f"replay source {cfg.buffer}: SourceDef.writes_back_for({cfg.learner}'s step) is "
+                        f"{definition.writes_back_for(learner.step)}, its source "
                         f"{'has' if source.write_back is not None else 'has no'} write_back")
-    if refreshes and source.rewrite is None:
+    if refreshes and not (definition.keeps_refreshed and source.rewrite is not None):
         raise ConfigError(f"buffer: the {cfg.learner} learner keeps a refreshed value per transition, which the "
                           f"{cfg.buffer} source does not store (allowed: uniform)")
-    if source.write_back is not None and not learner.step.td and not refreshes:
+    if source.write_back is not None and not learner.step.priorities and not refreshes:
         raise ConfigError(f"buffer: the {cfg.learner} learner returns no per-sample TD magnitudes for the {cfg.buffer} "
                           "source to write back (allowed: uniform)")
+    if learner.step.by_priority and not definition.prioritized:
+        allowed = ", ".join(name for name, d in SOURCES.items() if d.prioritized)
+        raise ConfigError(f"buffer: the {cfg.learner} learner draws its samples by priority, which the {cfg.buffer} "
+                          f"source does not (allowed: {allowed})")
     if learner.shrink is not None and source.shrink is None:
         raise ConfigError(f"buffer: the {cfg.learner} learner's dynamic replay capacity needs a source it can shrink "
                           "(allowed: uniform)")

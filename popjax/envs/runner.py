@@ -27,7 +27,7 @@ import numpy as np
 
 from popjax.envs.base import VecEnv, VecEnvState
 from popjax.population.members import Members
-from popjax.types import EnvSpec, Key, Transition, split_action
+from popjax.types import EnvSpec, Key, Transition
 
 
 class Experience(NamedTuple):
@@ -59,9 +59,11 @@ def population_layout(x, members: int):
 
 
 def flat_act(acted, spec: EnvSpec):
-    """``(actions [n, ...], extras [n, ...] | None)`` from what an acting function returned for ``[actors, envs]``
-    (an action array, or ``(actions, extras)`` from a learner that records extras with each transition)."""
-    action, extras = split_action(acted)
+    """``(actions [n, ...], extras [n, ...] | None)`` from the ``(actions, extras)`` an acting function returned for
+    ``[actors, envs]``."""
+    if not isinstance(acted, tuple) or len(acted) != 2:  # an action array would unpack along its actor axis
+        raise TypeError(f"an acting function must return (actions, extras), got {type(acted).__name__}")
+    action, extras = acted
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     return action.reshape((-1,) + spec.action_shape), jax.tree.map(flat, extras)
 
@@ -112,7 +114,7 @@ class JaxRunner:
 
     def evaluate(self, key: Key, policy: Callable, actor, actor_ids: jax.Array, episodes: int) -> jax.Array:
         """Mean return ``[m]`` of ``episodes`` deterministic episodes per actor."""
-        act = lambda key, t, actor, obs: policy(actor, obs)
+        act = lambda key, t, actor, obs: (policy(actor, obs), None)  # an act's pair: nothing recorded
         return self._episodes(key, act, actor, actor_ids, episodes, record=False).returns
 
     def _episodes(self, key, act, actor, actor_ids, episodes, record):
@@ -202,7 +204,7 @@ class HostRunner:
             raise ValueError(f"{vec.num_envs} training envs for {m} actors x {episodes} episodes")
         obs = vec.obs if self._freshly_reset else np.stack([e.reset()[0] for e in vec.envs]).astype(np.float32)
         self._freshly_reset = False
-        return self._episodes(vec, lambda t, o: split_action(act(key, np.int32(t), actor, o))[0], m, episodes, obs,
+        return self._episodes(vec, lambda t, o: act(key, np.int32(t), actor, o)[0], m, episodes, obs,
                               record=True)
 
     def evaluate(self, key: Key, policy: Callable, actor, actor_ids, episodes: int) -> np.ndarray:

@@ -23,7 +23,16 @@ from pydantic import Field
 
 from popjax import schema
 from popjax.learners import onpolicy
-from popjax.learners.base import Hidden, Learner, LearnerDef, RolloutStep, adam_step, scalar
+from popjax.learners.base import (
+    Hidden,
+    Learner,
+    LearnerDef,
+    PBTSupport,
+    RolloutStep,
+    adam_step,
+    scalar,
+    without_extras,
+)
 from popjax.population.hparams import hparam
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.types import EnvSpec, Key, Trajectory
@@ -76,7 +85,7 @@ def make_a2c(config: A2CConfig, spec: EnvSpec) -> Learner:
         return onpolicy.OnPolicyState(params=params, opt=opt, steps=state.steps + 1), metrics
 
     act, policy = onpolicy.acting(net)
-    return Learner(init=init, act=act, policy=policy, step=RolloutStep(update_rollout, updates=1))
+    return Learner(init=init, act=without_extras(act), policy=policy, step=RolloutStep(update_rollout, updates=1))
 
 
 # The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
@@ -86,6 +95,6 @@ PRESETS = {
         "total_env_steps": 500_000, "envs_per_member": 8, "rollout_len": 5, "hparams": {"ent_coef": 0.0}},
 }
 
-DEFINITION = LearnerDef(name="a2c", search_space=SEARCH_SPACES["a2c"], presets=PRESETS,
+DEFINITION = LearnerDef(name="a2c", pbt=PBTSupport(SEARCH_SPACES["a2c"]), presets=PRESETS,
                         config_cls=A2CConfig, hparams_cls=A2CHParams, make=make_a2c,
                         default_hparams=default_hparams, action_kind="any", step_kind=RolloutStep)

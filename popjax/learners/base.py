@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, NamedTuple, Protocol
 
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from popjax.population.tree import member
 from popjax.schema import Int, Number, NumberList
 from popjax.types import EnvSpec, Key, Metrics, PyTree
 
@@ -40,30 +42,34 @@ class Refresh(NamedTuple):
 class ReplayStep(NamedTuple):
     """An off-policy learner's one update: ``chunk`` consecutive gradient steps of one member from replay.
 
-    ``update(keys [H], state, batches [H, B, ...], weights [H, B] | None, hparams) -> (state, metrics, td [H, B] |
-    None)``, H = ``chunk``. ``weights`` are importance weights of the TD losses (never of actor losses; None:
-    unweighted); ``td`` is the per-sample TD magnitude the replay source may write back (new priorities), or None
-    when the learner has none (then only sources that need no write-back fit). Metrics are means over the chunk.
+    ``update(keys [H], state, batches [H, B, ...], weights [H, B] | None, hparams) -> (state, metrics, values [H, B]
+    | None)``, H = ``chunk``. ``weights`` are per-sample weights of the critic/TD losses (importance weights; never of
+    actor losses; None: unweighted); ``values`` are what the step computed per sample for the replay source to write
+    back: new priorities (TD3, SAC, DQN: |TD error|; MEMR: its Eq. 3.7 entropy priorities) when ``priorities``, the
+    refreshed value with a ``refresh``, else None. Metrics are means over the chunk.
 
     ``chunk`` is the learner's smallest state transition (TD3 with a fixed policy delay d: d - 1 critic steps and a
     policy step; SPO: a round of local steps and an averaging); drivers make K updates per call as K / H calls.
     ``banks``: replay banks the learner reads (SPO: replica r reads the r-th ``B / banks`` rows of each batch, which
     a banked source fills from bank r). ``window`` > 1: batches are ``popjax.types.Windows`` of that many consecutive
-    transitions of one env (multi-step targets). ``td``: whether ``update`` returns TD magnitudes.
+    transitions of one env (multi-step targets). ``priorities``: whether ``values`` are priorities (sources that
+    sample by priority need them).
 
-    ``extras``: an example (no batch axis) of what the learner's ``act`` records with each transition; ``act`` then
-    returns ``(action, extras)``, the replay stores them in ``Transition.extras``, and warm-up acts with ``act``
-    too (uniform random actions carry no record of their behaviour). ``refresh``: a ``Refresh``, a stored value the
-    update recomputes at the sampled rows (then ``td`` is False).
+    ``extras``: an example (no batch axis) of what the learner's ``act`` records with each transition (the second
+    of the pair ``act`` returns; the replay stores it in ``Transition.extras``), and warm-up acts with ``act`` too
+    (uniform random actions carry no record of their behaviour). ``refresh``: a ``Refresh``, a stored value the
+    update recomputes at the sampled rows (then ``priorities`` is False). ``by_priority``: the step's samples must
+    be drawn by its priorities (MEMR's start states): only a ``SourceDef.prioritized`` source serves it.
     """
 
     update: Callable[[Key, Any, Any, jax.Array | None, Any], tuple[Any, Metrics, jax.Array | None]]
     chunk: int = 1
     banks: int = 1
     window: int = 1
-    td: bool = True
+    priorities: bool = True
     extras: Any = None
     refresh: Refresh | None = None
+    by_priority: bool = False
 
 
 class RolloutStep(NamedTuple):
@@ -101,31 +107,41 @@ class Learner(NamedTuple):
     """Pure single-member functions; population code vmaps them over axis 0.
 
     init(key, hparams) -> state
-    act(key, state, obs, hparams) -> action      # exploration (obs may be batched); (action, extras) when the
-                                                 # replay step declares ``extras`` (recorded per transition)
+    act(key, state, obs, hparams) -> (action, extras)  # exploration (obs may be batched); extras: what the
+                                                       # replay step records per transition (None: nothing)
     policy(state, obs) -> action                 # greedy / evaluation
     step: a ``ReplayStep`` (off-policy, trained from a replay source) or a ``RolloutStep`` (on-policy)
     maintain: an optional ``Periodic`` hook; shrink: an optional ``ReplayShrink`` hook (replay steps only)
     """
 
     init: Callable[[Key, Any], Any]
-    act: Callable[[Key, Any, jax.Array, Any], jax.Array]
+    act: Callable[[Key, Any, jax.Array, Any], tuple[jax.Array, Any]]
     policy: Callable[[Any, jax.Array], jax.Array]
     step: ReplayStep | RolloutStep
     maintain: Periodic | None = None
     shrink: ReplayShrink | None = None
 
 
+def without_extras(act: Callable) -> Callable:
+    """A learner's ``act`` from one that returns only the action: ``(action, None)``, nothing recorded."""
+    return lambda key, state, obs, hparams: (act(key, state, obs, hparams), None)
+
+
+def one_step_chunk(update: Callable) -> Callable:
+    """A chunk-1 ``ReplayStep.update`` from a one-step ``update(key, state, batch, weights [B] | None, hparams) ->
+    (state, metrics, values [B] | None)``."""
+
+    def chunk(keys, state, batches, weights, hparams):
+        state, metrics, values = update(keys[0], state, member(batches, 0),
+                                        None if weights is None else weights[0], hparams)
+        return state, metrics, None if values is None else values[None]
+
+    return chunk
+
+
 def replay_step(update: Callable, **options) -> ReplayStep:
-    """A ``ReplayStep`` of chunk 1 from a one-step ``update(key, state, batch, weights [B] | None, hparams) ->
-    (state, metrics, td [B] | None)``: what TD3, SAC and DQN write."""
-
-    def one(keys, state, batches, weights, hparams):
-        first = lambda tree: jax.tree.map(lambda x: x[0], tree)
-        state, metrics, td = update(keys[0], state, first(batches), None if weights is None else weights[0], hparams)
-        return state, metrics, None if td is None else td[None]
-
-    return ReplayStep(one, chunk=1, **options)
+    """A ``ReplayStep`` of chunk 1 from a one-step ``update`` (``one_step_chunk``): what TD3, SAC and DQN write."""
+    return ReplayStep(one_step_chunk(update), chunk=1, **options)
 
 
 def chunk_update(learner: Learner) -> Callable:
@@ -164,12 +180,70 @@ class PopulationLearner(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class LearnerDef:
-    """Registry entry: how to build a learner by name.
+class PBTSupport:
+    """What PBT may do with a learner's members.
 
-    ``config_cls`` is a ``popjax.schema.dataclass`` (its fields validate user values); every
-    field of ``hparams_cls`` is declared with ``popjax.population.hparams.hparam`` (its bounds).
-    A ``config_cls`` field named like a ``RunConfig`` field (``batch_size``) is set from the run.
+    ``search_space``: the learner's PBT prior ``{hparam: {low, high, log, integer}}``, what ``pbt`` explores unless
+    the run names another (None: the run must give one). ``policy_state``: the state's policy fields (dotted paths),
+    all that ``copy: policy`` copies from a parent (empty: no policy-only copy). ``optimizer_state``: ``{optimizer
+    state field: the params field it updates}`` (dotted paths), what ``reset_optimizer`` starts afresh (an Adam
+    state of zeros is a fresh one).
+    """
+
+    search_space: Mapping[str, Mapping[str, Any]] | None = None
+    policy_state: tuple[str, ...] = ()
+    optimizer_state: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What a run writes about a learner besides its returns.
+
+    ``costs(config, spec, hparams [pop] on the host) -> {name: [value per member]}``: compute and memory costs
+    (RLx2: model sizes and FLOPs against dense), summary.json's ``costs`` and the results table.
+    ``counts(config, updates per member) -> {name: count}``: what the learner did in that many updates (SAC: policy
+    updates; MEMR: policy updates, model rollouts, model fits), summary.json's ``counts``. ``summary_metrics``:
+    metrics whose last logged value per member goes to summary.json's ``learner_metrics`` (ReF-ER's far fraction,
+    beta, c_max, KL). ``actor_params(state)``: the params of a deterministic MLP actor (``popjax export``).
+    """
+
+    costs: Callable[[Any, EnvSpec, Any], dict[str, list[float]]] | None = None
+    counts: Callable[[Any, int], dict[str, int]] | None = None
+    summary_metrics: tuple[str, ...] = ()
+    actor_params: Callable[[Any], PyTree] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFit:
+    """How a learner fits a run: read when the run is built, before anything is allocated.
+
+    ``specialize(config, initial hparams [pop], updates per call K, hparams a driver may change, exact_chunks=...)
+    -> config``: a static setting the run allows (TD3: a policy delay no member will change, chunking its updates
+    only where a chunk equals the same updates one at a time: ``exact_chunks``), or a ``ConfigError``.
+    ``check_env(config, spec) -> (learner_config key, problem) | None``: what the learner's options cannot do with
+    the env (a convolutional torso on vector observations), one line instead of a failure when first traced.
+    ``own_replay``: why the members must learn from their own replay only (drivers that share one buffer refuse
+    the learner with this reason); None: any replay.
+    """
+
+    specialize: Callable[..., Any] | None = None
+    check_env: Callable[[Any, EnvSpec], tuple[str, str] | None] | None = None
+    own_replay: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerDef:
+    """Registry entry: how to build a learner by name, and what it offers a run.
+
+    ``config_cls`` is a ``popjax.schema.dataclass`` (its fields validate user values; a field named like a
+    ``RunConfig`` field, ``batch_size``, is set from the run); every field of ``hparams_cls`` is declared with
+    ``popjax.population.hparams.hparam`` (its bounds). ``action_kind``: "continuous", "discrete" or "any" (the action
+    head follows the env). ``step_kind``: the kind of ``Learner.step`` ``make`` returns (``ReplayStep`` or
+    ``RolloutStep``), known before the env is, so a run is checked against its driver and replay source when built.
+    ``presets``: tuned options per env (``popjax.presets`` fills what the user did not give). ``shared_critic(config,
+    spec, actors, diversity=None, device_axis=None)``: a ``PopulationLearner`` whose actors share one critic (TD3's,
+    for the cemrl and dvd drivers); None: none offered. The capabilities: ``pbt`` (``PBTSupport``), ``report``
+    (``Report``), ``fit`` (``RunFit``).
     """
 
     name: str
@@ -177,51 +251,44 @@ class LearnerDef:
     hparams_cls: type
     make: Callable[[Any, EnvSpec], Learner]
     default_hparams: Callable[[Any], Any]
-    action_kind: str  # "continuous", "discrete" or "any" (both: the action head follows the env)
-    # (config, initial hparams [pop], updates per call K, hparams a driver may change, exact_chunks=...) -> config:
-    # a learner may fix a static setting the run allows (TD3: a policy delay no member will change, chunking its
-    # updates only where a chunk equals the same updates one at a time: ``exact_chunks``).
-    specialize: Callable[[Any, Any, int, frozenset[str]], Any] | None = None
-    # The kind of ``Learner.step`` ``make`` returns (``ReplayStep`` or ``RolloutStep``): known before the env is,
-    # so a run is checked against its driver and replay source when it is built.
+    action_kind: str
     step_kind: type = ReplayStep
-    # (config, spec, hparams [pop] on the host) -> {name: [value per member]}: the learner's compute and memory
-    # costs (RLx2: model sizes and FLOPs against dense), written to summary.json's "costs" and the results table.
-    costs: Callable[[Any, EnvSpec, Any], dict[str, list[float]]] | None = None
-    # (config, updates per member) -> {name: count}: what the learner did in that many updates (SAC: policy updates;
-    # MEMR: policy updates, model rollouts, model fits), written to summary.json's "counts". None: nothing to count.
-    counts: Callable[[Any, int], dict[str, int]] | None = None
-    # state -> the params of a deterministic MLP actor (``popjax export``); None: nothing to export.
-    actor_params: Callable[[Any], PyTree] | None = None
-    # The state's policy fields (dotted paths), all that PBT's ``copy: policy`` copies from a parent; empty: the
-    # learner offers no policy-only copy.
-    policy_state: tuple[str, ...] = ()
-    # {optimizer state field: the params field it updates} (dotted paths): what PBT's ``reset_optimizer`` starts
-    # afresh (an Adam state of zeros is a fresh one) for the params a replaced member copied.
-    optimizer_state: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    # Tuned options per env (``popjax.presets`` fills what the user did not give): env -> {option: value}.
     presets: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-    # The learner's PBT prior {hparam: {low, high, log, integer}}: what ``pbt`` explores unless the run names
-    # another; None: the run must give one.
-    search_space: Mapping[str, Mapping[str, Any]] | None = None
-    # (config, spec, actors, diversity=None, device_axis=None) -> a ``PopulationLearner`` whose actors share one
-    # critic (TD3's, for the cemrl and dvd drivers); None: the learner offers no shared-critic population.
+    pbt: PBTSupport = PBTSupport()
+    report: Report = Report()
+    fit: RunFit = RunFit()
     shared_critic: Callable[..., Any] | None = None
-    # (config, spec) -> (learner_config key, problem) | None: what the learner's options cannot do with the env,
-    # read from its spec when the run is built (a convolutional torso on vector observations), so the run is
-    # refused with one line instead of failing when its networks are first traced. None: every spec fits.
-    check_env: Callable[[Any, EnvSpec], tuple[str, str] | None] | None = None
-    # Why the learner's members must learn from their own replay only (drivers that share one buffer refuse it,
-    # with this reason); None: any replay.
-    own_replay: str | None = None
-    # Metrics whose last logged value per member goes to summary.json's ``learner_metrics`` (ReF-ER's far fraction,
-    # beta, c_max, KL).
-    summary_metrics: tuple[str, ...] = ()
 
     @property
     def on_policy(self) -> bool:
         """Trained on each iteration's trajectories (a ``RolloutStep``), with no replay."""
         return self.step_kind is RolloutStep
+
+
+def declared_state_problem(definition: LearnerDef, state: PyTree) -> str | None:
+    """Why ``definition``'s ``policy_state``/``optimizer_state`` do not fit ``state`` (its learner's ``init``
+    output; shapes suffice), or None: every dotted path names a field, and each optimizer state holds a tree
+    shaped like the params it updates (what PBT's ``copy: policy`` and ``reset_optimizer`` act on)."""
+    def field(path: str, what: str):
+        node = state
+        for name in path.split("."):
+            if not hasattr(node, name):
+                return None, f"LearnerDef.{what} {path!r}: init's state has no field {name!r}"
+            node = getattr(node, name)
+        return node, None
+
+    for path in definition.policy_state:
+        if (why := field(path, "policy_state")[1]) is not None:
+            return why
+    for opt_path, params_path in definition.optimizer_state.items():
+        (opt, why), (params, why_params) = field(opt_path, "optimizer_state"), field(params_path, "optimizer_state")
+        if why or why_params:
+            return why or why_params
+        shapes = lambda tree: Counter(tuple(x.shape) for x in jax.tree.leaves(tree))  # noqa: E731
+        if shapes(params) - shapes(opt):
+            return (f"LearnerDef.optimizer_state {opt_path!r}: holds no state shaped like the params "
+                    f"{params_path!r} it is said to update")
+    return None
 
 
 # Adam without its learning rate: `params - lr * scale_by_adam(grads)` equals Adam(lr)

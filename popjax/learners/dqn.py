@@ -32,11 +32,14 @@ from popjax.learners.base import (
     Hidden,
     Learner,
     LearnerDef,
+    PBTSupport,
+    RunFit,
     adam_init,
     adam_step,
     replay_step,
     scalar,
     select,
+    without_extras,
 )
 from popjax.networks.mlp import QNetwork, check_cnn
 from popjax.population.hparams import hparam
@@ -156,7 +159,7 @@ def make_dqn(config: DQNConfig, spec: EnvSpec) -> Learner:
         explore = jax.random.uniform(key_explore, greedy.shape) < epsilon(hp, state.steps)
         return jnp.where(explore, random_action, greedy)
 
-    return Learner(init=init, act=act, policy=policy, step=replay_step(update_weighted))
+    return Learner(init=init, act=without_extras(act), policy=policy, step=replay_step(update_weighted))
 
 
 # The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
@@ -169,11 +172,11 @@ PRESETS = {
 }
 
 DEFINITION = LearnerDef(
-    name="dqn", search_space=SEARCH_SPACES["dqn"], presets=PRESETS,
+    name="dqn", pbt=PBTSupport(SEARCH_SPACES["dqn"]), presets=PRESETS,
     config_cls=DQNConfig,
     hparams_cls=DQNHParams,
     make=make_dqn,
     default_hparams=default_hparams,
     action_kind="discrete",
-    check_env=check_cnn,
+    fit=RunFit(check_env=check_cnn),
 )

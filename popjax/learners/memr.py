@@ -14,17 +14,20 @@ real start transitions (by priority ``p^alpha`` with importance weights, or unif
    ``(s_j, a_j, r_j, s'_j)`` with the weights ``w_j`` as the next segment of D_model, fits pi_psi on the new
    ``(s_j, a_j)`` for ``psi_epochs`` Adam steps (online), computes the new priorities by Eq. 3.7 and runs
    ``policy_updates`` G SAC updates, each on a batch of ``sac_batch`` rows of one segment, the segment's weights
-   in the Q loss only (``sac.sac_core``'s critic loss; the actor and temperature losses are unweighted);
+   in the Q loss only (the SAC core's critic loss; the actor and temperature losses are unweighted);
 3. returns the priorities ``p_j = sum_d (a_jd - mu_d(s_j))^2 / (2 sigma_d(s_j)^2)`` as the step's per-sample
    values, which the prioritized source writes back as ``(p + eps)^alpha`` for the just-sampled rows only.
 
 popjax's choices (the thesis gives none of them): the model type (``popjax.networks.dynamics``), M, G, the epochs,
-the learning rates, that rollouts take the mean of one ensemble member drawn per row and a predicted termination,
-and that the importance weights are normalised by the max over each start-state batch (Alg. 2's ``max w``; one
-batch = one segment). New real rows enter the tree with the largest priority so far (the source's rule), not with
-their Eq. 3.7 priority; the chunk's H batches are drawn before the chunk, so priorities lag by up to H - 1
-samplings (the relaxation ``popjax.drivers.replay`` documents, measured harmless in Ch. 4). With ``start_states:
-uniform`` every step is the same except that start states are uniform and every weight is 1 (same policy updates).
+the learning rates, that rollouts take the mean of one ensemble member drawn per row, that a rollout ends where the
+task's known rule says so (``termination: known``, MBPO's practice, ``popjax.envs.terminations``; ``learned`` cuts
+the ensemble's termination logit at 0), that SAC starts from the member's key itself (so ``sac`` and ``memr_sac``
+runs of a seed start from the same networks), and that the importance weights are normalised by the max over each
+start-state batch (Alg. 2's ``max w``; one batch = one segment). New real rows enter the tree with the largest
+priority so far (the source's rule), not with their Eq. 3.7 priority; the chunk's H batches are drawn before the
+chunk, so priorities lag by up to H - 1 samplings (the relaxation ``popjax.drivers.replay`` documents, measured
+harmless in Ch. 4). With ``start_states: uniform`` every step is the same except that start states are uniform and
+every weight is 1 (same policy updates).
 """
 
 from __future__ import annotations
@@ -41,26 +44,33 @@ from pydantic import Field
 from popjax import schema
 from popjax.buffers.segmented import SegmentedState, segmented_init, segmented_sample, segmented_write
 from popjax.config import ConfigError
+from popjax.envs.terminations import KNOWN_TERMINATIONS, known_termination
 from popjax.learners import sac
+from popjax.learners.actor_critic import Core
 from popjax.learners.base import (
     MUJOCO_V5,
     BatchSize,
     Hidden,
     Learner,
     LearnerDef,
+    PBTSupport,
     ReplayStep,
+    Report,
+    RunFit,
     adam_init,
     adam_step,
     scalar,
+    without_extras,
 )
 from popjax.networks.dynamics import GaussianEnsemble, gaussian_nll, model_nll, predict
 from popjax.networks.mlp import GaussianActor
-from popjax.population.hparams import hparam
+from popjax.population.hparams import extend, hparam, restrict
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.schema import problem
 from popjax.types import EnvSpec, Key, PyTree, Transition, dummy_transition
 
 START_STATES = ("prioritized", "uniform")
+TERMINATIONS = ("known", "learned")
 
 
 @schema.dataclass
@@ -68,7 +78,7 @@ class MEMRConfig:
     hidden: Hidden = Field((256, 256), description="hidden layer sizes of the SAC actor and of each critic")
     start_states: schema.OneOf(START_STATES) = Field(
         "prioritized", description="how start states are drawn from the real transitions: prioritized by Eq. 3.7 "
-        "(MEMR; needs buffer: prioritized) or uniform (the ablation; needs buffer: uniform)")
+        "(MEMR; needs a prioritized buffer) or uniform (the ablation; needs a buffer that does not prioritize)")
     ensemble: schema.Int(ge=1, le=64) = Field(5, description="dynamics models in the ensemble")
     model_hidden: Hidden = Field((128, 128), description="hidden layer sizes of each dynamics model")
     model_update_every: schema.Int(ge=1, le=1_000_000) = Field(
@@ -82,7 +92,9 @@ class MEMRConfig:
     policy_updates: schema.Int(ge=1, le=1000) = Field(1, description="SAC updates G per env step")
     sac_batch: BatchSize = Field(256, description="model rollouts per SAC update, drawn from one segment")
     batch_size: BatchSize = Field(256, description="start states M per env step (the run's batch_size)")
-    buffer: str = Field("prioritized", description="the run's buffer")
+    termination: schema.OneOf(TERMINATIONS) = Field(
+        "known", description="whether a model rollout ends the episode: the task's known rule on the predicted next "
+        "state (popjax.envs.terminations; MBPO's practice) or the ensemble's learned termination logit")
     update_ratio: schema.Float(gt=0) = Field(1.0, description="the run's update_ratio")
 
     @pydantic.model_validator(mode="after")
@@ -131,14 +143,7 @@ class MEMRState:
 def default_hparams(config: MEMRConfig | None = None) -> MEMRHParams:
     """SAC's reference defaults; model and pi_psi learning rates 1e-3 (popjax's choice, as MBPO's model)."""
     del config
-    base = sac.default_hparams(None)
-    return MEMRHParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, model_lr=scalar(1e-3),
-                       psi_lr=scalar(1e-3))
-
-
-def sac_hparams(hp: MEMRHParams) -> sac.SACHParams:
-    """The SAC part of MEMR's hparams."""
-    return sac.SACHParams(**{f: getattr(hp, f) for f in sac.SACHParams.__dataclass_fields__})
+    return extend(sac.default_hparams(None), MEMRHParams, model_lr=scalar(1e-3), psi_lr=scalar(1e-3))
 
 
 def entropy_priority(action: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
@@ -150,7 +155,7 @@ def entropy_priority(action: jax.Array, mean: jax.Array, log_std: jax.Array) -> 
 class MEMRCore(NamedTuple):
     """MEMR's functions (``make_memr`` builds the learner from them; tests call the pieces)."""
 
-    sac: sac.SACCore
+    sac: Core
     model_net: GaussianEnsemble
     psi_net: GaussianActor
     init: Callable  # (key, hp) -> MEMRState
@@ -165,8 +170,19 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
     psi_net = GaussianActor(config.psi_hidden, spec.action_dim)
     rows = config.batch_size
 
+    known = known_termination(spec.name) if config.termination == "known" else None
+    if config.termination == "known" and known is None:
+        raise ValueError(f"memr_core: no known termination rule for {spec.name} (check_run refuses such runs)")
+
+    def rollout_step(params, key, obs, action):
+        next_obs, reward, terminated = predict(model_net, params, key, obs, action)
+        if known is not None:
+            terminated = known(next_obs).astype(jnp.float32)
+        return next_obs, reward, terminated
+
     def init(key: Key, hparams: MEMRHParams) -> MEMRState:
-        key_sac, key_model, key_psi = jax.random.split(key, 3)
+        # SAC starts from the key the ``sac`` learner uses, so the two arms of a seed start from the same networks.
+        key_sac, key_model, key_psi = key, jax.random.fold_in(key, 1), jax.random.fold_in(key, 2)
         obs = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
         model = model_net.init(key_model, jnp.zeros((1, spec.obs_shape[0] + spec.action_dim), jnp.float32))
         psi = psi_net.init(key_psi, obs)
@@ -212,20 +228,20 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
         """One env step's worth of Algorithm 2 on the start transitions ``batch [M]``; also their new priorities."""
         key_action, key_model, key_sac = jax.random.split(key, 3)
         obs = batch.obs
-        action, _ = core.sample(key_action, state.sac.actor, obs)
-        next_obs, reward, terminated = predict(model_net, state.model, key_model, obs, action)
+        action, _ = sac.sample_action(core.actor_net, key_action, state.sac.actor, obs)
+        next_obs, reward, terminated = rollout_step(state.model, key_model, obs, action)
         rollout = Transition(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated)
         rollouts = segmented_write(state.rollouts, rollout, weights)
         psi, psi_opt, psi_loss = fit_psi(state.psi, state.psi_opt, obs, action, hp.psi_lr)
         mean, log_std = psi_net.apply(psi, obs)
         priority = entropy_priority(action, mean, log_std)
 
-        sac_hp = sac_hparams(hp)
+        sac_hp = restrict(hp, sac.SACHParams)
 
         def policy_update(sac_state, k):
             k_sample, k_update = jax.random.split(k)
             model_batch, w, _ = segmented_sample(k_sample, rollouts, config.sac_batch)
-            sac_state, metrics, _ = core.update_weighted(k_update, sac_state, model_batch, w, sac_hp)
+            sac_state, metrics, _ = core.update(k_update, sac_state, model_batch, w, sac_hp)
             return sac_state, metrics
 
         sac_state, metrics = jax.lax.scan(policy_update, state.sac,
@@ -257,20 +273,23 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
 
 
 def make_memr(config: MEMRConfig, spec: EnvSpec) -> Learner:
+    """MEMR's learner; prioritized start states need a source that samples by the priorities it writes back
+    (``ReplayStep.by_priority``), uniform ones one that does not (``priorities`` False): checked when the run is
+    built, so every option alone, and the learner's defaults, stay valid run options."""
     core = memr_core(config, spec)
-    return Learner(init=core.init, act=lambda key, state, obs, hp: core.sac.act(key, state.sac, obs, hp),
+    prioritized = config.start_states == "prioritized"
+    return Learner(init=core.init,
+                   act=without_extras(lambda key, state, obs, hp: core.sac.act(key, state.sac, obs, hp)),
                    policy=lambda state, obs: core.sac.policy(state.sac, obs),
-                   step=ReplayStep(core.update, chunk=config.chunk, td=config.start_states == "prioritized"))
+                   step=ReplayStep(core.update, chunk=config.chunk, priorities=prioritized, by_priority=prioritized))
 
 
 def check_run(config: MEMRConfig, spec: EnvSpec) -> tuple[str, str] | None:
-    """``LearnerDef.check_env``: the start states must come from the source that draws them (checked when the run
-    is built, so every option alone, and the learner's defaults, stay valid run options)."""
-    del spec
-    if config.buffer != config.start_states:
-        return "start_states", (f"{config.start_states} start states are drawn by buffer: {config.start_states}, got "
-                                f"buffer: {config.buffer} (give buffer: {config.start_states}, or start_states: "
-                                f"{config.buffer})")
+    """``RunFit.check_env``: a known termination needs the task's rule (checked when the run is built, so every
+    option alone, and the learner's defaults, stay valid run options)."""
+    if config.termination == "known" and known_termination(spec.name) is None:
+        return "termination", (f"popjax knows no termination rule for {spec.name} (allowed: known for "
+                               f"{', '.join(KNOWN_TERMINATIONS)}; learned for any task)")
     return None
 
 
@@ -300,8 +319,9 @@ PRESETS = {
 
 DEFINITION = LearnerDef(
     name="memr_sac", config_cls=MEMRConfig, hparams_cls=MEMRHParams, make=make_memr,
-    default_hparams=default_hparams, action_kind="continuous", specialize=specialize, counts=counts,
-    check_env=check_run, search_space=SEARCH_SPACES["sac"], presets=PRESETS, policy_state=("sac.actor",),
-    optimizer_state={"sac.actor_opt": "sac.actor", "sac.critic_opt": "sac.critic", "sac.alpha_opt": "sac.log_alpha",
-                     "model_opt": "model", "psi_opt": "psi"},
+    default_hparams=default_hparams, action_kind="continuous", presets=PRESETS,
+    fit=RunFit(specialize=specialize, check_env=check_run), report=Report(counts=counts),
+    pbt=PBTSupport(SEARCH_SPACES["sac"], policy_state=("sac.actor",),
+                   optimizer_state={"sac.actor_opt": "sac.actor", "sac.critic_opt": "sac.critic",
+                                    "sac.alpha_opt": "sac.log_alpha", "model_opt": "model", "psi_opt": "psi"}),
 )

@@ -20,7 +20,16 @@ from pydantic import Field
 
 from popjax import schema
 from popjax.learners import onpolicy
-from popjax.learners.base import Hidden, Learner, LearnerDef, RolloutStep, adam_step, scalar
+from popjax.learners.base import (
+    Hidden,
+    Learner,
+    LearnerDef,
+    PBTSupport,
+    RolloutStep,
+    adam_step,
+    scalar,
+    without_extras,
+)
 from popjax.population.hparams import hparam
 from popjax.population.search_spaces import SEARCH_SPACES
 from popjax.types import EnvSpec, Key, Trajectory
@@ -85,7 +94,8 @@ def make_ppo(config: PPOConfig, spec: EnvSpec) -> Learner:
         return new_state, jax.tree.map(jnp.mean, metrics)
 
     act, policy = onpolicy.acting(net)
-    return Learner(init=init, act=act, policy=policy, step=RolloutStep(update_rollout, updates=epochs * minibatches))
+    return Learner(init=init, act=without_extras(act), policy=policy,
+                   step=RolloutStep(update_rollout, updates=epochs * minibatches))
 
 
 # The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
@@ -98,6 +108,6 @@ PRESETS = {
         "learner_config": {"epochs": 20, "minibatches": 1}},
 }
 
-DEFINITION = LearnerDef(name="ppo", search_space=SEARCH_SPACES["ppo"], presets=PRESETS,
+DEFINITION = LearnerDef(name="ppo", pbt=PBTSupport(SEARCH_SPACES["ppo"]), presets=PRESETS,
                         config_cls=PPOConfig, hparams_cls=PPOHParams, make=make_ppo,
                         default_hparams=default_hparams, action_kind="any", step_kind=RolloutStep)

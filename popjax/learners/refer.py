@@ -1,7 +1,7 @@
 """ReF-ER, Remember and Forget Experience Replay (Novati & Koumoutsakos, ICML 2019), around TD3 and SAC.
 
 A wrapper, not a copy: the base learner's update runs unchanged with two substitutions, its critic's per-sample
-weights and its actor objective (``TD3Steps.actor_loss``/``SACSteps.actor_loss``):
+weights and the objective over its per-sample actor losses (``actor_critic.Steps.actor_objective``):
 
 - every transition records the behaviour policy that acted, a diagonal Gaussian in the network's action space
   (``extras``: mean, log-std, the pre-clip / pre-tanh action ``u`` and the last ratio ``rho``, 1 on insert).
@@ -25,10 +25,8 @@ not wrapped (``refer`` refuses them).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,10 +35,23 @@ from pydantic import Field
 
 from popjax import schema
 from popjax.learners import sac, td3
-from popjax.learners.base import BatchSize, Hidden, Learner, LearnerDef, Refresh, ReplayStep, scalar
-from popjax.population.hparams import hparam
+from popjax.learners.actor_critic import Core, Steps
+from popjax.learners.base import (
+    BatchSize,
+    Hidden,
+    Learner,
+    LearnerDef,
+    PBTSupport,
+    Refresh,
+    ReplayStep,
+    Report,
+    RunFit,
+    one_step_chunk,
+    scalar,
+)
+from popjax.population.hparams import extend, hparam
 from popjax.population.search_spaces import SEARCH_SPACES
-from popjax.types import EnvSpec, Key, PyTree, Replayed, Transition
+from popjax.types import EnvSpec, Key, Replayed, Transition
 
 LOG_RHO_CLIP = 7.0  # the authors' code: rho = exp(clip(log pi - log mu, -7, 7))
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -135,14 +146,11 @@ def refer_defaults() -> dict[str, jax.Array]:
 
 def default_td3_hparams(config: ReferConfig | None = None) -> ReferTD3HParams:
     """TD3's defaults with the paper's sigma = 0.2 and ReF-ER's defaults."""
-    base = td3.default_hparams()
-    fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
-    return ReferTD3HParams(**{**fields, "exploration_noise": scalar(0.2)}, **refer_defaults())
+    return extend(td3.default_hparams(), ReferTD3HParams, exploration_noise=scalar(0.2), **refer_defaults())
 
 
 def default_sac_hparams(config: ReferConfig | None = None) -> ReferSACHParams:
-    base = sac.default_hparams()
-    return ReferSACHParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, **refer_defaults())
+    return extend(sac.default_hparams(), ReferSACHParams, **refer_defaults())
 
 
 @struct.dataclass
@@ -152,68 +160,6 @@ class ReferState:
     t: jax.Array  # int32, gradient steps (the annealing clock of Eq. 13)
 
 
-# --- the base algorithms, as ReF-ER sees them ---------------------------------------------------------
-class Base(NamedTuple):
-    """What ReF-ER needs of a base learner: ``init``, ``policy``; ``stats(actor params, obs, hp) -> (mean,
-    log_std)`` of its current Gaussian; ``act(key, state, obs, hp) -> (action, mean, log_std, u)`` (the action the
-    base would take with that key); ``update(key, state, batch, near, hp, actor_loss) -> (state, metrics)`` with
-    the critic weighted by ``near`` and ``actor_loss(actor params, task [B]) -> loss``; ``actor(state)``."""
-
-    init: Callable
-    policy: Callable
-    stats: Callable
-    act: Callable
-    update: Callable
-    actor: Callable[[Any], PyTree]
-
-
-def td3_base(config: ReferConfig, spec: EnvSpec) -> Base:
-    core = td3.td3_core(td3.TD3Config(hidden=config.hidden, batch_size=config.batch_size), spec)
-
-    def stats(actor, obs, hp):
-        mean = core.actor_net.apply(actor, obs)
-        return mean, jnp.broadcast_to(jnp.log(hp.exploration_noise), mean.shape)
-
-    def act(key, state, obs, hp):
-        mean = core.policy(state, obs)
-        u = mean + hp.exploration_noise * jax.random.normal(key, mean.shape)  # as td3's act, before its clip
-        return jnp.clip(u, -1.0, 1.0), mean, jnp.broadcast_to(jnp.log(hp.exploration_noise), mean.shape), u
-
-    def update(key, state, batch, near, hp, actor_objective):
-        def actor_loss(actor, critic, transitions):
-            task = -td3.dpg_values(core.actor_net, core.critic_net, actor, critic, transitions.obs)
-            return actor_objective(actor, task)
-
-        state, metrics, _ = core.update_weighted(key, state, batch, near, hp, td3.TD3Steps(actor_loss=actor_loss))
-        return state, metrics
-
-    return Base(core.init, core.policy, stats, act, update, lambda state: state.actor)
-
-
-def sac_base(config: ReferConfig, spec: EnvSpec) -> Base:
-    core = sac.sac_core(sac.SACConfig(hidden=config.hidden, batch_size=config.batch_size), spec)
-
-    def stats(actor, obs, hp):
-        del hp
-        return core.actor_net.apply(actor, obs)
-
-    def act(key, state, obs, hp):
-        mean, log_std = stats(state.actor, obs, hp)
-        u = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)  # as sac's act, before its tanh
-        return jnp.tanh(u), mean, log_std, u
-
-    def update(key, state, batch, near, hp, actor_objective):
-        def actor_loss(actor, critic, obs, alpha, key_actor):
-            action, log_prob = core.sample(key_actor, actor, obs)
-            q = core.critic_net.apply(critic, obs, action).min(axis=0)
-            return actor_objective(actor, alpha * log_prob - q), log_prob
-
-        state, metrics, _ = core.update_weighted(key, state, batch, near, hp, sac.SACSteps(actor_loss=actor_loss))
-        return state, metrics
-
-    return Base(core.init, core.policy, stats, act, update, lambda state: state.actor)
-
-
 # --- the learner ---------------------------------------------------------------------------------------
 def behaviour_example(spec: EnvSpec) -> dict[str, jax.Array]:
     """What every transition records (``ReplayStep.extras``): the behaviour Gaussian, the pre-squash action, rho."""
@@ -221,7 +167,9 @@ def behaviour_example(spec: EnvSpec) -> dict[str, jax.Array]:
     return {"mean": vector, "log_std": vector, "u": vector, "rho": jnp.ones((), jnp.float32)}
 
 
-def make_refer(config: ReferConfig, spec: EnvSpec, base: Base) -> Learner:
+def make_refer(config: ReferConfig, spec: EnvSpec, base: Core) -> Learner:
+    """ReF-ER around an actor-critic ``Core``: its update with the near mask as critic weights and ReF-ER's actor
+    objective over the core's per-sample actor losses."""
     if spec.discrete:  # the registry's action_kind refuses it first; a greedy policy has no density
         raise ValueError("ReF-ER needs a continuous-action learner: a greedy policy gives no density for rho")
 
@@ -230,7 +178,7 @@ def make_refer(config: ReferConfig, spec: EnvSpec, base: Base) -> Learner:
                           t=jnp.zeros((), jnp.int32))
 
     def act(key: Key, state: ReferState, obs: jax.Array, hp):
-        action, mean, log_std, u = base.act(key, state.base, obs, hp)
+        action, mean, log_std, u = base.behave(key, state.base, obs, hp)
         return action, {"mean": mean, "log_std": log_std, "u": u, "rho": jnp.ones(mean.shape[:-1], jnp.float32)}
 
     def policy(state: ReferState, obs: jax.Array) -> jax.Array:
@@ -244,47 +192,45 @@ def make_refer(config: ReferConfig, spec: EnvSpec, base: Base) -> Learner:
     def ratios(state: ReferState, transitions: Transition, hp) -> jax.Array:
         """rho of ``transitions [N, ...]`` under the current policy: one batched forward pass."""
         mu = transitions.extras
-        mean, log_std = base.stats(base.actor(state.base), transitions.obs, hp)
+        mean, log_std = base.gaussian(state.base.actor, transitions.obs, hp)
         return importance_ratio(mu["u"], mean, log_std, mu["mean"], mu["log_std"])
 
     def update(key: Key, state: ReferState, replayed: Replayed, weights, hp):
-        del weights  # no importance-weighted source serves a refreshing learner (step.td is False)
+        del weights  # no importance-weighted source serves a refreshing learner (step.priorities is False)
         batch, mu = replayed.transitions, replayed.transitions.extras
         cmax = c_max(hp.refer_c, hp.refer_a, state.t)
         rho = ratios(state, batch, hp)
         near = near_mask(rho, cmax).astype(jnp.float32)
 
         def actor_objective(actor, task):
-            mean, log_std = base.stats(actor, batch.obs, hp)
+            mean, log_std = base.gaussian(actor, batch.obs, hp)
             return refer_objective(task, near, kl(mu, mean, log_std), state.beta)
 
         if config.anneal_lr:
             scale = 1.0 / (1.0 + hp.refer_a * state.t.astype(jnp.float32))
             hp = hp.replace(actor_lr=hp.actor_lr * scale, critic_lr=hp.critic_lr * scale)
-        new_base, metrics = base.update(key, state.base, batch, near, hp, actor_objective)
+        new_base, metrics, _ = base.update(key, state.base, batch, near, hp, Steps(actor_objective=actor_objective))
         far = far_fraction(replayed.stored, replayed.valid, cmax)
-        mean, log_std = base.stats(base.actor(state.base), batch.obs, hp)
+        mean, log_std = base.gaussian(state.base.actor, batch.obs, hp)
         metrics = {**metrics, "far_fraction": far, "beta": state.beta, "c_max": cmax,
                    "kl": jax.lax.stop_gradient(kl(mu, mean, log_std)).mean(), "batch_near": near.mean()}
         new_state = ReferState(new_base, beta_step(state.beta, far, hp.refer_d, hp.beta_lr), state.t + 1)
         return new_state, metrics, rho
 
-    # A one-step update of chunk 1 (no fixed-delay chunks: the ratios are refreshed between samplings).
-    def one(keys, state, batches, weights, hp):
-        first = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731
-        state, metrics, rho = update(keys[0], state, first(batches), None, hp)
-        return state, metrics, rho[None]
-
-    step = ReplayStep(one, chunk=1, td=False, extras=behaviour_example(spec), refresh=Refresh("rho", ratios))
+    # Chunk 1 (no fixed-delay chunks: the ratios are refreshed between samplings).
+    step = ReplayStep(one_step_chunk(update), chunk=1, priorities=False, extras=behaviour_example(spec),
+                      refresh=Refresh("rho", ratios))
     return Learner(init=init, act=act, policy=policy, step=step)
 
 
 def make_refer_td3(config: ReferConfig, spec: EnvSpec) -> Learner:
-    return make_refer(config, spec, td3_base(config, spec))
+    return make_refer(config, spec, td3.td3_core(td3.TD3Config(hidden=config.hidden, batch_size=config.batch_size),
+                                                 spec))
 
 
 def make_refer_sac(config: ReferConfig, spec: EnvSpec) -> Learner:
-    return make_refer(config, spec, sac_base(config, spec))
+    return make_refer(config, spec, sac.sac_core(sac.SACConfig(hidden=config.hidden, batch_size=config.batch_size),
+                                                 spec))
 
 
 # PBT priors: the base's, sigma kept > 0, plus C and D (the two that matter most, App. E).
@@ -292,17 +238,16 @@ _REFER_SPACE = {"refer_c": {"low": 2.0, "high": 8.0, "log": True}, "refer_d": {"
 TD3_SPACE = {**SEARCH_SPACES["td3"], "exploration_noise": {"low": 0.05, "high": 0.5}, **_REFER_SPACE}
 SAC_SPACE = {**SEARCH_SPACES["sac"], **_REFER_SPACE}
 
-TD3_DEFINITION = LearnerDef(name="refer_td3", config_cls=ReferConfig, hparams_cls=ReferTD3HParams,
-                            make=make_refer_td3, default_hparams=default_td3_hparams, action_kind="continuous",
-                            search_space=TD3_SPACE, actor_params=lambda state: state.base.actor)
-SAC_DEFINITION = LearnerDef(name="refer_sac", config_cls=ReferConfig, hparams_cls=ReferSACHParams,
-                            make=make_refer_sac, default_hparams=default_sac_hparams, action_kind="continuous",
-                            search_space=SAC_SPACE)
 # Shared buffers (CEM-RL, DvD): most rows are far from any one member's policy, so beta -> 0 and every member is
 # pulled to the mixture of behaviours (against DvD's diversity term). Refused rather than silently degraded.
-OWN_REPLAY = ("needs each member's own replay (in a shared buffer most transitions are far from any one member's "
-              "policy: beta -> 0 and the KL pulls every member to the mixture of behaviours)")
+FIT = RunFit(own_replay="needs each member's own replay (in a shared buffer most transitions are far from any one "
+                        "member's policy: beta -> 0 and the KL pulls every member to the mixture of behaviours)")
 SUMMARY_METRICS = ("far_fraction", "beta", "c_max", "kl")
-TD3_DEFINITION = dataclasses.replace(TD3_DEFINITION, own_replay=OWN_REPLAY, summary_metrics=SUMMARY_METRICS)
-SAC_DEFINITION = dataclasses.replace(SAC_DEFINITION, own_replay=OWN_REPLAY, summary_metrics=SUMMARY_METRICS)
+TD3_DEFINITION = LearnerDef(name="refer_td3", config_cls=ReferConfig, hparams_cls=ReferTD3HParams,
+                            make=make_refer_td3, default_hparams=default_td3_hparams, action_kind="continuous",
+                            pbt=PBTSupport(TD3_SPACE), fit=FIT,
+                            report=Report(summary_metrics=SUMMARY_METRICS, actor_params=lambda state: state.base.actor))
+SAC_DEFINITION = LearnerDef(name="refer_sac", config_cls=ReferConfig, hparams_cls=ReferSACHParams,
+                            make=make_refer_sac, default_hparams=default_sac_hparams, action_kind="continuous",
+                            pbt=PBTSupport(SAC_SPACE), fit=FIT, report=Report(summary_metrics=SUMMARY_METRICS))
 DEFINITIONS = (TD3_DEFINITION, SAC_DEFINITION)

@@ -37,9 +37,10 @@ dense baseline is the ``td3`` learner, and "Tiny" is ``td3`` with ``tiny_hidden`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +51,7 @@ from pydantic import Field
 from popjax import schema
 from popjax.config import ConfigError
 from popjax.learners import sac, td3
+from popjax.learners.actor_critic import Core, Steps
 from popjax.learners.base import (
     BatchSize,
     Hidden,
@@ -58,12 +60,16 @@ from popjax.learners.base import (
     Periodic,
     ReplayShrink,
     ReplayStep,
+    Report,
+    RunFit,
     adam_step,
     init_actor_critic,
+    one_step_chunk,
     scalar,
+    without_extras,
 )
 from popjax.networks import sparse
-from popjax.population.hparams import hparam
+from popjax.population.hparams import extend, hparam
 from popjax.types import EnvSpec, Key, PyTree, Transition, Windows
 
 
@@ -150,14 +156,12 @@ def sparsity_defaults() -> dict[str, jax.Array]:
 
 def default_hparams(config: RLx2TD3Config | None = None) -> RLx2TD3HParams:
     """TD3's defaults, 90 % sparse actor and critic, zeta0 = 0.5 (the released code's)."""
-    base = td3.default_hparams()
-    return RLx2TD3HParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, **sparsity_defaults())
+    return extend(td3.default_hparams(), RLx2TD3HParams, **sparsity_defaults())
 
 
 def default_sac_hparams(config: RLx2Config | None = None) -> RLx2SACHParams:
     """SAC's defaults, 90 % sparse actor and critic, zeta0 = 0.5."""
-    base = sac.default_hparams()
-    return RLx2SACHParams(**{f: getattr(base, f) for f in base.__dataclass_fields__}, **sparsity_defaults())
+    return extend(sac.default_hparams(), RLx2SACHParams, **sparsity_defaults())
 
 
 @struct.dataclass
@@ -259,158 +263,35 @@ def sac_multi_step_target(key: Key, sample_fn, target_critic: PyTree, critic_net
     return jax.lax.stop_gradient(y)
 
 
-# --- the two bases -------------------------------------------------------------------------------
-def masked_target_fn(tree_mask: PyTree):
-    return lambda tree: sparse.apply_masks(tree, tree_mask)
+# --- the learner's pieces ------------------------------------------------------------------------
+def dense_grads(core: Core, key: Key, inner, batch, hp, made: Steps):
+    """Dense ``(actor, critic)`` gradients of the core's losses (the critic's alone for the critic: the released
+    SAC code also leaks the actor loss's gradient into it one step before a topology step; popjax does not)."""
+    key_target, key_actor = core.split(key)
+    y = (made.target or core.target)(key_target, inner, batch, hp)
+    sample = made.sample(batch)
+    critic = jax.grad(lambda c: core.critic_loss(c, sample, y, None)[0])(inner.critic)
+    actor = jax.grad(lambda a: made.actor_objective(a, core.actor_terms(key_actor, a, inner.critic, inner,
+                                                                        sample.obs)[0]))(inner.actor)
+    return actor, critic
 
 
-class Base(NamedTuple):
-    """What RLx2 needs of the algorithm it makes sparse (``td3_base``, ``sac_base``)."""
-
-    core: Any
-    steps: Callable  # (state: RLx2State, steps_used | None) -> the core's Steps with masks and target
-    targets: dict[str, str]  # target network field -> the mask it shares
-    grads: Callable  # (key, inner, batch, hp, steps) -> (actor grads, critic grads), dense
-    actor_updates: Callable  # (inner, hp) -> actor updates so far
-    delay: Callable  # hp -> actor update period (TD3: policy_delay; SAC: 1)
-
-
-def td3_base(config: RLx2TD3Config, spec: EnvSpec) -> Base:
-    core = td3.td3_core(config, spec)
-
-    def steps(state: RLx2State, used):
-        made = td3.TD3Steps(critic=masked(adam_step, state.critic_mask), actor=masked(adam_step, state.actor_mask),
-                            critic_targets=masked_target_fn(state.critic_mask),
-                            actor_targets=masked_target_fn(state.actor_mask))
-        if used is None:
-            return made
-
-        def target(key, actor_net, critic_net, target_actor, target_critic, windows, hp):
-            return multi_step_target(key, actor_net, critic_net, target_actor, target_critic, windows, hp, used)
-
-        return dataclasses.replace(made, target=target, sample=Windows.first)
-
-    def grads(key, inner, batch, hp, made):
-        y = made.target(key, core.actor_net, core.critic_net, inner.target_actor, inner.target_critic, batch, hp)
-        sample = made.sample(batch)
-        critic = jax.grad(lambda c: td3.critic_loss_fn(c, core.critic_net, sample, y)[0])(inner.critic)
-        actor = jax.grad(lambda a: td3.dpg_loss(core.actor_net, core.critic_net, a, inner.critic, sample.obs))(
-            inner.actor)
-        return actor, critic
-
-    return Base(core, steps, {"target_actor": "actor_mask", "target_critic": "critic_mask"}, grads,
-                lambda inner, hp: inner.steps // hp.policy_delay, lambda hp: hp.policy_delay)
+def evolve_net(params, mask, scores, sparsity, fraction, due, forbid_regrow: bool):
+    """One network's topology step: evolve, or redraw magnitude masks when the sparsity changed."""
+    counts = layer_counts(params, sparsity)
+    sizes = jnp.asarray([i * o for i, o in sparse.kernel_shapes(params)], jnp.int32)
+    evolving = counts < sizes
+    evolved = sparse.evolve(params, mask, scores, fraction, evolving & due, forbid_regrow)
+    redrawn_mask = sparse.magnitude_masks(params, counts)
+    redrawn = (sparse.apply_masks(params, redrawn_mask), redrawn_mask)
+    changed = jnp.any(sparse.active_counts(mask) != counts)
+    return jax.tree.map(lambda a, b: jnp.where(changed, a, b), redrawn, evolved)
 
 
-def sac_base(config: RLx2Config, spec: EnvSpec) -> Base:
-    core = sac.sac_core(config, spec)
+def replay_shrink(config: RLx2Config, core: Core) -> Callable:
+    """RLx2's dynamic buffer (``ReplayShrink.run``) for the core's policy."""
 
-    def steps(state: RLx2State, used):
-        made = sac.SACSteps(critic=masked(adam_step, state.critic_mask), actor=masked(adam_step, state.actor_mask),
-                            critic_targets=masked_target_fn(state.critic_mask))
-        if used is None:
-            return made
-
-        def target(key, sample_fn, target_critic, critic_net, actor, windows, alpha, hp):
-            return sac_multi_step_target(key, sample_fn, target_critic, critic_net, actor, windows, alpha, hp, used)
-
-        return dataclasses.replace(made, target=target, sample=Windows.first)
-
-    def grads(key, inner, batch, hp, made):
-        # The grow score of the critic is the critic loss's gradient only (the released code also leaks the actor
-        # loss's gradient into it one step before a topology step; popjax does not).
-        key_next, key_actor = jax.random.split(key)
-        alpha = jnp.exp(inner.log_alpha)
-        target = made.target or sac.one_step_target
-        y = target(key_next, core.sample, inner.target_critic, core.critic_net, inner.actor, batch, alpha, hp)
-        sample = made.sample(batch)
-        critic = jax.grad(lambda c: core.critic_loss(c, sample, y, None)[0])(inner.critic)
-        actor = jax.grad(lambda a: core.actor_loss(a, inner.critic, sample.obs, alpha, key_actor)[0])(inner.actor)
-        return actor, critic
-
-    return Base(core, steps, {"target_critic": "critic_mask"}, grads,
-                lambda inner, hp: inner.steps, lambda hp: jnp.ones((), jnp.int32))
-
-
-# --- the learner ----------------------------------------------------------------------------------
-def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
-    core = base.core
-    delay = getattr(config, "fixed_policy_delay", None)
-
-    def made_steps(state: RLx2State):
-        if config.n_step == 1:
-            return base.steps(state, None)
-        # Multi-step from T0 critic updates on (the counter of the update being made: steps before it).
-        return base.steps(state, jnp.where(state.inner.steps >= config.multi_step_start, config.n_step, 1))
-
-    def init(key: Key, hp) -> RLx2State:
-        key_net, key_actor, key_critic = jax.random.split(key, 3)
-        inner = core.init(key_net, hp)
-        actor_mask = initial_masks(key_actor, inner.actor, hp.actor_sparsity, config.init_mask)
-        critic_mask = initial_masks(key_critic, inner.critic, hp.critic_sparsity, config.init_mask)
-        actor = sparse.apply_masks(inner.actor, actor_mask)
-        critic = sparse.apply_masks(inner.critic, critic_mask)
-        # Targets start from the masked online networks (the released code copies them before masking).
-        online = {"target_actor": actor, "target_critic": critic}
-        inner = inner.replace(actor=actor, critic=critic, **{t: online[t] for t in base.targets})
-        return RLx2State(inner=inner, actor_mask=actor_mask, critic_mask=critic_mask)
-
-    def update(keys: Key, state: RLx2State, batches: Transition | Windows, weights: None, hp):
-        """One update (chunk 1) or a fixed-delay chunk; unweighted (no prioritized replay: windows need uniform)."""
-        del weights
-        if delay:
-            inner, metrics, _ = core.update_chunk(keys, state.inner, batches, None, hp, made_steps(state))
-        else:
-            first = lambda tree: jax.tree.map(lambda x: x[0], tree)
-            inner, metrics, _ = core.update_weighted(keys[0], state.inner, first(batches), None, hp, made_steps(state))
-        return state.replace(inner=inner), metrics, None
-
-    def grow_scores(key: Key, state: RLx2State, batch: Transition | Windows, hp):
-        """``(actor, critic)`` scores of the inactive links: dense |grad| (RigL) or uniform noise (SET)."""
-        inner = state.inner
-        if config.topology == "set":
-            key_actor, key_critic = jax.random.split(key)
-            return sparse.uniform_like(key_actor, inner.actor), sparse.uniform_like(key_critic, inner.critic)
-        actor_grad, critic_grad = base.grads(key, inner, batch, hp, made_steps(state))
-        return jax.tree.map(jnp.abs, actor_grad), jax.tree.map(jnp.abs, critic_grad)
-
-    def evolve_net(params, mask, scores, sparsity, fraction, due):
-        """One network's topology step: evolve, or redraw magnitude masks when the sparsity changed."""
-        counts = layer_counts(params, sparsity)
-        sizes = jnp.asarray([i * o for i, o in sparse.kernel_shapes(params)], jnp.int32)
-        evolving = counts < sizes
-        evolved = sparse.evolve(params, mask, scores, fraction, evolving & due, config.forbid_regrow)
-        redrawn_mask = sparse.magnitude_masks(params, counts)
-        redrawn = (sparse.apply_masks(params, redrawn_mask), redrawn_mask)
-        changed = jnp.any(sparse.active_counts(mask) != counts)
-        return jax.tree.map(lambda a, b: jnp.where(changed, a, b), redrawn, evolved)
-
-    def maintain(key: Key, state: RLx2State, batch: Transition | Windows, hp):
-        """The topology step (see the module docstring); no optimizer step, no counter advances."""
-        inner = state.inner
-        actor_scores, critic_scores = grow_scores(key, state, batch, hp)
-        critic_fraction = sparse.drop_fraction(inner.steps, hp.drop_fraction, config.evolution_end)
-        actor_fraction = sparse.drop_fraction(base.actor_updates(inner, hp), hp.drop_fraction, config.evolution_end)
-        # The actor's counter counts actor updates: it reaches a multiple of dst_interval every d-th call.
-        actor_due = (inner.steps // config.dst_interval) % base.delay(hp) == 0
-        critic, critic_mask = evolve_net(inner.critic, state.critic_mask, critic_scores, hp.critic_sparsity,
-                                         critic_fraction, jnp.asarray(True))
-        actor, actor_mask = evolve_net(inner.actor, state.actor_mask, actor_scores, hp.actor_sparsity,
-                                       actor_fraction, actor_due)
-        masks = {"actor_mask": actor_mask, "critic_mask": critic_mask}
-        # Targets share the online masks at once (the released code masks them at their next Polyak average).
-        targets = {t: sparse.apply_masks(getattr(inner, t), masks[m]) for t, m in base.targets.items()}
-        state = RLx2State(inner=inner.replace(actor=actor, critic=critic, **targets), **masks)
-        return state, {"critic_drop_fraction": critic_fraction,
-                       "actor_drop_fraction": jnp.where(actor_due, actor_fraction, 0.0)}
-
-    def policy(state: RLx2State, obs: jax.Array) -> jax.Array:
-        return core.policy(state.inner, obs)
-
-    def act(key: Key, state: RLx2State, obs: jax.Array, hp) -> jax.Array:
-        return core.act(key, state.inner, obs, hp)
-
-    def replay_shrink(state: RLx2State, oldest: Transition, valid: jax.Array, size: jax.Array, hp):
+    def run(state: RLx2State, oldest: Transition, valid: jax.Array, size: jax.Array, hp):
         """``(rows to drop, distance)``: the oldest 10 % when the policy distance exceeds D0 above ``buffer_min``.
 
         Distance: half the mean squared difference between today's policy action (SAC: ``tanh`` of its mean) and
@@ -425,23 +306,121 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, base: Base) -> Learner:
         drop = (distance > config.buffer_threshold) & (size > config.buffer_min)
         return jnp.where(drop, size // 10, 0), distance
 
+    return run
+
+
+# --- the learner ----------------------------------------------------------------------------------
+def masked_target_fn(tree_mask: PyTree):
+    return lambda tree: sparse.apply_masks(tree, tree_mask)
+
+
+def make_rlx2(config: RLx2Config, spec: EnvSpec, core: Core, n_step_target: Callable) -> Learner:
+    """RLx2 around an actor-critic ``Core``: masked steps and targets, and ``n_step_target(key, state, windows, hp,
+    steps_used) -> y``, the core's multi-step TD target."""
+    delay = getattr(config, "fixed_policy_delay", None)
+    targets = {target: f"{online}_mask" for target, online in core.targets.items()}  # the mask each target shares
+
+    def made_steps(state: RLx2State) -> Steps:
+        made = Steps(critic=masked(adam_step, state.critic_mask), actor=masked(adam_step, state.actor_mask),
+                     critic_targets=masked_target_fn(state.critic_mask),
+                     actor_targets=masked_target_fn(state.actor_mask))
+        if config.n_step == 1:
+            return made
+        # Multi-step from T0 critic updates on (the counter of the update being made: steps before it).
+        used = jnp.where(state.inner.steps >= config.multi_step_start, config.n_step, 1)
+        return dataclasses.replace(made, target=lambda key, inner, windows, hp: n_step_target(key, inner, windows, hp,
+                                                                                            used),
+                                   sample=Windows.first)
+
+    def init(key: Key, hp) -> RLx2State:
+        key_net, key_actor, key_critic = jax.random.split(key, 3)
+        inner = core.init(key_net, hp)
+        actor_mask = initial_masks(key_actor, inner.actor, hp.actor_sparsity, config.init_mask)
+        critic_mask = initial_masks(key_critic, inner.critic, hp.critic_sparsity, config.init_mask)
+        actor = sparse.apply_masks(inner.actor, actor_mask)
+        critic = sparse.apply_masks(inner.critic, critic_mask)
+        # Targets start from the masked online networks (the released code copies them before masking).
+        online = {"target_actor": actor, "target_critic": critic}
+        inner = inner.replace(actor=actor, critic=critic, **{t: online[t] for t in targets})
+        return RLx2State(inner=inner, actor_mask=actor_mask, critic_mask=critic_mask)
+
+    def update(keys: Key, state: RLx2State, batches: Transition | Windows, weights: None, hp):
+        """One update (chunk 1) or a fixed-delay chunk; unweighted (no prioritized replay: windows need uniform)."""
+        del weights
+        steps = made_steps(state)
+        if delay:
+            update = functools.partial(core.update_chunk, steps=steps)
+        else:
+            update = one_step_chunk(functools.partial(core.update, steps=steps))
+        inner, metrics, _ = update(keys, state.inner, batches, None, hp)
+        return state.replace(inner=inner), metrics, None
+
+    def grow_scores(key: Key, state: RLx2State, batch: Transition | Windows, hp):
+        """``(actor, critic)`` scores of the inactive links: dense |grad| (RigL) or uniform noise (SET)."""
+        inner = state.inner
+        if config.topology == "set":
+            key_actor, key_critic = jax.random.split(key)
+            return sparse.uniform_like(key_actor, inner.actor), sparse.uniform_like(key_critic, inner.critic)
+        actor_grad, critic_grad = dense_grads(core, key, inner, batch, hp, made_steps(state))
+        return jax.tree.map(jnp.abs, actor_grad), jax.tree.map(jnp.abs, critic_grad)
+
+    def maintain(key: Key, state: RLx2State, batch: Transition | Windows, hp):
+        """The topology step (see the module docstring); no optimizer step, no counter advances."""
+        inner = state.inner
+        actor_scores, critic_scores = grow_scores(key, state, batch, hp)
+        critic_fraction = sparse.drop_fraction(inner.steps, hp.drop_fraction, config.evolution_end)
+        actor_fraction = sparse.drop_fraction(inner.steps // core.actor_period(hp), hp.drop_fraction,
+                                              config.evolution_end)
+        # The actor's counter counts actor updates: it reaches a multiple of dst_interval every d-th call.
+        actor_due = (inner.steps // config.dst_interval) % core.actor_period(hp) == 0
+        critic, critic_mask = evolve_net(inner.critic, state.critic_mask, critic_scores, hp.critic_sparsity,
+                                         critic_fraction, jnp.asarray(True), config.forbid_regrow)
+        actor, actor_mask = evolve_net(inner.actor, state.actor_mask, actor_scores, hp.actor_sparsity,
+                                       actor_fraction, actor_due, config.forbid_regrow)
+        masks = {"actor_mask": actor_mask, "critic_mask": critic_mask}
+        # Targets share the online masks at once (the released code masks them at their next Polyak average).
+        masked_targets = {t: sparse.apply_masks(getattr(inner, t), masks[m]) for t, m in targets.items()}
+        state = RLx2State(inner=inner.replace(actor=actor, critic=critic, **masked_targets), **masks)
+        return state, {"critic_drop_fraction": critic_fraction,
+                       "actor_drop_fraction": jnp.where(actor_due, actor_fraction, 0.0)}
+
+    def policy(state: RLx2State, obs: jax.Array) -> jax.Array:
+        return core.policy(state.inner, obs)
+
+    def act(key: Key, state: RLx2State, obs: jax.Array, hp) -> jax.Array:
+        return core.act(key, state.inner, obs, hp)
+
     if config.n_step > spec.max_episode_steps:
         raise ConfigError(f"learner_config.n_step: {config.n_step} is longer than the episode limit of {spec.name} "
                           f"(allowed: at most {spec.max_episode_steps})")
     evolves = config.topology != "static"
-    return Learner(init=init, act=act, policy=policy,
-                   step=ReplayStep(update, chunk=delay or 1, window=config.n_step, td=False),
+    return Learner(init=init, act=without_extras(act), policy=policy,
+                   step=ReplayStep(update, chunk=delay or 1, window=config.n_step, priorities=False),
                    maintain=Periodic(config.dst_interval, maintain) if evolves else None,
-                   shrink=(ReplayShrink(config.buffer_check_interval, config.oldest_checked, replay_shrink)
+                   shrink=(ReplayShrink(config.buffer_check_interval, config.oldest_checked,
+                                        replay_shrink(config, core))
                            if config.dynamic_buffer else None))
 
 
 def make_rlx2_td3(config: RLx2TD3Config, spec: EnvSpec) -> Learner:
-    return make_rlx2(config, spec, td3_base(config, spec))
+    core = td3.td3_core(config, spec)
+
+    def n_step_target(key, inner, windows, hp, used):
+        return multi_step_target(key, core.actor_net, core.critic_net, inner.target_actor, inner.target_critic,
+                                 windows, hp, used)
+
+    return make_rlx2(config, spec, core, n_step_target)
 
 
 def make_rlx2_sac(config: RLx2Config, spec: EnvSpec) -> Learner:
-    return make_rlx2(config, spec, sac_base(config, spec))
+    core = sac.sac_core(config, spec)
+    sample = functools.partial(sac.sample_action, core.actor_net)
+
+    def n_step_target(key, inner, windows, hp, used):
+        return sac_multi_step_target(key, sample, inner.target_critic, core.critic_net, inner.actor, windows,
+                                     jnp.exp(inner.log_alpha), hp, used)
+
+    return make_rlx2(config, spec, core, n_step_target)
 
 
 # --- accounting and registry ---------------------------------------------------------------------
@@ -518,8 +497,9 @@ def specialize_sac(config: RLx2Config, hparams, updates_per_call: int, searched:
 
 TD3_DEFINITION = LearnerDef(name="rlx2_td3", config_cls=RLx2TD3Config, hparams_cls=RLx2TD3HParams,
                             make=make_rlx2_td3, default_hparams=default_hparams, action_kind="continuous",
-                            specialize=specialize, costs=costs, actor_params=lambda state: state.inner.actor)
+                            fit=RunFit(specialize=specialize),
+                            report=Report(costs=costs, actor_params=lambda state: state.inner.actor))
 SAC_DEFINITION = LearnerDef(name="rlx2_sac", config_cls=RLx2Config, hparams_cls=RLx2SACHParams,
                             make=make_rlx2_sac, default_hparams=default_sac_hparams, action_kind="continuous",
-                            specialize=specialize_sac, costs=make_costs("sac"))
+                            fit=RunFit(specialize=specialize_sac), report=Report(costs=make_costs("sac")))
 DEFINITIONS = (TD3_DEFINITION, SAC_DEFINITION)

@@ -25,10 +25,8 @@ target and the actor loss. Randomness: ``key_next, key_actor = jax.random.split(
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import math
-from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,19 +34,22 @@ from flax import struct
 from pydantic import Field
 
 from popjax import schema
+from popjax.learners.actor_critic import PLAIN, Behaviour, Core, Steps
 from popjax.learners.base import (
     MUJOCO_V5,
     BatchSize,
     Hidden,
     Learner,
     LearnerDef,
+    PBTSupport,
+    Report,
     adam_init,
     adam_step,
-    identity,
     init_actor_critic,
     polyak,
     replay_step,
     scalar,
+    without_extras,
 )
 from popjax.networks.mlp import GaussianActor, TwinCritic
 from popjax.population.hparams import hparam
@@ -122,44 +123,6 @@ def squashed_gaussian(mean: jax.Array, log_std: jax.Array, noise: jax.Array) -> 
     return jnp.tanh(u), jnp.sum(gaussian_log_prob - log_det, axis=-1)
 
 
-@dataclasses.dataclass(frozen=True)
-class SACSteps:
-    """How a SAC update changes the networks; the defaults are plain SAC. A variant passes its own (RLx2: masked
-    steps and target critic, a multi-step target) and reuses the update unchanged.
-
-    ``critic``/``actor``: ``(params, grads, opt_state, lr) -> (params, opt_state)``; ``critic_targets``: applied to
-    the target critic after each Polyak average; ``target(key, sample_fn, target_critic, actor, batch, alpha, hp)
-    -> y`` is the TD target (``sample_fn(key, actor, obs) -> (action, log_prob)``) and ``sample(batch)`` the
-    transitions ``[B, ...]`` the losses are about.
-    """
-
-    critic: Callable = adam_step
-    actor: Callable = adam_step
-    critic_targets: Callable[[PyTree], PyTree] = identity
-    target: Callable | None = None  # None: the one-step target of ``sac_core``
-    sample: Callable = identity
-    # (actor params, critic params, obs, alpha, key) -> (loss, log_prob): the actor's objective; None: SAC's
-    # (``SACCore.actor_loss``). ReF-ER masks its per-sample terms and adds a KL penalty.
-    actor_loss: Callable | None = None
-
-
-PLAIN = SACSteps()
-
-
-class SACCore(NamedTuple):
-    """SAC's functions with the ``SACSteps`` as a last argument (``make_sac`` binds ``PLAIN``)."""
-
-    actor_net: GaussianActor
-    critic_net: TwinCritic
-    init: Callable
-    sample: Callable  # (key, actor params, obs) -> (action, log_prob)
-    critic_loss: Callable  # (critic params, batch, y, weights) -> (loss, q)
-    actor_loss: Callable  # (actor params, critic params, obs, alpha, key) -> (loss, log_prob)
-    update_weighted: Callable  # (key, state, batch, weights | None, hp, steps) -> (state, metrics, td_abs)
-    policy: Callable
-    act: Callable
-
-
 def one_step_target(key: Key, sample_fn, target_critic: PyTree, critic_net, actor: PyTree, batch: Transition,
                     alpha: jax.Array, hp: SACHParams) -> jax.Array:
     """``r * reward_scale + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s'))``, ``a' ~ pi(.|s')``."""
@@ -169,7 +132,15 @@ def one_step_target(key: Key, sample_fn, target_critic: PyTree, critic_net, acto
     return jax.lax.stop_gradient(y)
 
 
-def sac_core(config: SACConfig, spec: EnvSpec) -> SACCore:
+def sample_action(actor_net, key: Key, actor_params: PyTree, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(action, log_prob)``: SAC's reparameterised draw from the actor's squashed Gaussian (what MEMR's rollouts
+    and RLx2's multi-step target draw with, ``functools.partial(sample_action, core.actor_net)``)."""
+    mean, log_std = actor_net.apply(actor_params, obs)
+    return squashed_gaussian(mean, log_std, jax.random.normal(key, mean.shape))
+
+
+def sac_core(config: SACConfig, spec: EnvSpec) -> Core:
+    """SAC as an actor-critic ``Core``; its update takes the wrapper's ``Steps``."""
     actor_net = GaussianActor(config.hidden, spec.action_dim)
     critic_net = TwinCritic(config.hidden)
 
@@ -188,44 +159,47 @@ def sac_core(config: SACConfig, spec: EnvSpec) -> SACCore:
             steps=jnp.zeros((), jnp.int32),
         )
 
-    def sample(key: Key, actor_params: PyTree, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        mean, log_std = actor_net.apply(actor_params, obs)
-        return squashed_gaussian(mean, log_std, jax.random.normal(key, mean.shape))
+    sample = functools.partial(sample_action, actor_net)
 
-    def critic_loss_fn(critic_params, batch: Transition, y: jax.Array, weights: jax.Array | None):
+    def target(key: Key, state: SACState, batch: Transition, hp: SACHParams) -> jax.Array:
+        """The one-step target with the online policy at s' and the target critic."""
+        return one_step_target(key, sample, state.target_critic, critic_net, state.actor, batch,
+                               jnp.exp(state.log_alpha), hp)
+
+    def critic_loss(critic_params, batch: Transition, y: jax.Array, weights: jax.Array | None = None):
         q = critic_net.apply(critic_params, batch.obs, batch.action)  # [2, B]
         squared = (q - y) ** 2
         if weights is not None:  # importance weights of prioritized replay, per sample
             squared = weights * squared
         return 0.5 * jnp.sum(jnp.mean(squared, axis=-1)), q
 
-    def actor_loss_fn(actor_params, critic_params, obs, alpha, key):
+    def actor_terms(key, actor_params, critic_params, state: SACState, obs):
+        """Per-sample ``alpha log pi(a|s) - min_i Q_i(s, a)``, ``a ~ pi(.|s)`` reparameterised; aux: log pi."""
         action, log_prob = sample(key, actor_params, obs)
         q = critic_net.apply(critic_params, obs, action).min(axis=0)
-        return jnp.mean(alpha * log_prob - q), log_prob
+        return jnp.exp(state.log_alpha) * log_prob - q, log_prob
 
     def alpha_loss_fn(log_alpha, log_prob, target_entropy):
         return jnp.mean(-log_alpha * jax.lax.stop_gradient(log_prob + target_entropy))
 
-    def update_weighted(key: Key, state: SACState, batch, weights: jax.Array | None, hp: SACHParams,
-                        steps: SACSteps = PLAIN):
-        """``update`` with the critic loss weighted per sample; also ``|TD error|`` (the larger twin's)."""
+    def update(key: Key, state: SACState, batch, weights: jax.Array | None, hp: SACHParams, steps: Steps = PLAIN):
+        """One SAC step, the critic loss weighted per sample; also ``|TD error|`` (the larger twin's)."""
         key_next, key_actor = jax.random.split(key)
         alpha = jnp.exp(state.log_alpha)
         target_entropy = -hp.target_entropy_scale * spec.action_dim
         transitions = steps.sample(batch)
 
-        # Critic (the target uses the online policy at s' and the target critic).
-        target = steps.target or one_step_target
-        y = target(key_next, sample, state.target_critic, critic_net, state.actor, batch, alpha, hp)
-        (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
+        y = (steps.target or target)(key_next, state, batch, hp)
+        (critic_loss_value, q), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(
             state.critic, transitions, y, weights)
         critic, critic_opt = steps.critic(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
 
         # Actor, through the just-updated critic.
-        (actor_loss, log_prob), actor_grads = jax.value_and_grad(steps.actor_loss or actor_loss_fn, has_aux=True)(
-            state.actor, critic, transitions.obs, alpha, key_actor
-        )
+        def actor_loss(actor):
+            terms, log_prob = actor_terms(key_actor, actor, critic, state, transitions.obs)
+            return steps.actor_objective(actor, terms), log_prob
+
+        (actor_loss_value, log_prob), actor_grads = jax.value_and_grad(actor_loss, has_aux=True)(state.actor)
         actor, actor_opt = steps.actor(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
 
         # Temperature.
@@ -243,8 +217,8 @@ def sac_core(config: SACConfig, spec: EnvSpec) -> SACCore:
             steps=state.steps + 1,
         )
         metrics = {
-            "critic_loss": critic_loss,
-            "actor_loss": actor_loss,
+            "critic_loss": critic_loss_value,
+            "actor_loss": actor_loss_value,
             "alpha_loss": alpha_loss,
             "alpha": alpha,
             "entropy": -jnp.mean(log_prob),
@@ -256,17 +230,29 @@ def sac_core(config: SACConfig, spec: EnvSpec) -> SACCore:
         mean, _ = actor_net.apply(state.actor, obs)
         return jnp.tanh(mean)
 
+    def gaussian(actor: PyTree, obs: jax.Array, hp: SACHParams):
+        """The actor's own Gaussian before the tanh."""
+        del hp
+        return actor_net.apply(actor, obs)
+
+    def behave(key: Key, state: SACState, obs: jax.Array, hp: SACHParams) -> Behaviour:
+        mean, log_std = gaussian(state.actor, obs, hp)
+        u = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+        return Behaviour(jnp.tanh(u), mean, log_std, u)
+
     def act(key: Key, state: SACState, obs: jax.Array, hp: SACHParams) -> jax.Array:
         del hp
         action, _ = sample(key, state.actor, obs)
         return action
 
-    return SACCore(actor_net, critic_net, init, sample, critic_loss_fn, actor_loss_fn, update_weighted, policy, act)
+    return Core(actor_net, critic_net, init, policy, act, behave, gaussian, target, critic_loss, actor_terms,
+                split=lambda key: tuple(jax.random.split(key)), update=update, update_chunk=None,
+                actor_period=lambda hp: jnp.ones((), jnp.int32), targets={"target_critic": "critic"})
 
 
 def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
     core = sac_core(config, spec)
-    return Learner(init=core.init, act=core.act, policy=core.policy, step=replay_step(core.update_weighted))
+    return Learner(init=core.init, act=without_extras(core.act), policy=core.policy, step=replay_step(core.update))
 
 
 # The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
@@ -283,13 +269,13 @@ PRESETS = {
 }
 
 DEFINITION = LearnerDef(
-    name="sac", search_space=SEARCH_SPACES["sac"], presets=PRESETS,
+    name="sac", presets=PRESETS,
     config_cls=SACConfig,
     hparams_cls=SACHParams,
     make=make_sac,
     default_hparams=default_hparams,
     action_kind="continuous",
-    policy_state=("actor",),
-    optimizer_state={"actor_opt": "actor", "critic_opt": "critic", "alpha_opt": "log_alpha"},
-    counts=lambda config, updates: {"policy_updates": updates},
+    pbt=PBTSupport(SEARCH_SPACES["sac"], policy_state=("actor",),
+                   optimizer_state={"actor_opt": "actor", "critic_opt": "critic", "alpha_opt": "log_alpha"}),
+    report=Report(counts=lambda config, updates: {"policy_updates": updates}),
 )

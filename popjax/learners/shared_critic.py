@@ -48,6 +48,7 @@ from flax import struct
 from popjax.learners.base import adam_init, adam_step, polyak, select
 from popjax.learners.td3 import TD3Config, TD3HParams, critic_loss_fn, dpg_loss, target_q
 from popjax.networks.mlp import DeterministicActor, TwinCritic
+from popjax.population.tree import member
 from popjax.types import EnvSpec, Key, Metrics, PyTree, Transition
 
 AXIS = "pop"
@@ -164,6 +165,44 @@ def mean_pairwise_distance(embeddings: jax.Array) -> jax.Array:
     return jnp.mean(jnp.sqrt(d[iu]))
 
 
+# --- reductions over the population --------------------------------------------------------------
+class Collectives(NamedTuple):
+    """Reductions over the whole population from inside the member vmap (axis ``pop``), and over the devices of
+    per-device programs that each hold ``pop_size`` members (equal shares: the mean of means is the mean)."""
+
+    pmean: Callable[[PyTree], PyTree]
+    pmin: Callable[[jax.Array], jax.Array]
+    gather: Callable[[jax.Array], jax.Array]  # every member's x, ``[all members, ...]`` in global member order
+    member_index: Callable[[], jax.Array]  # this member's global index
+
+
+def population_collectives(pop_size: int, device_axis: str | None = None) -> Collectives:
+    def over_devices(reduce, x, **kw):
+        return x if device_axis is None else reduce(x, device_axis, **kw)
+
+    def member_index():
+        index = jax.lax.axis_index(AXIS)
+        return index if device_axis is None else jax.lax.axis_index(device_axis) * pop_size + index
+
+    return Collectives(
+        pmean=lambda x: over_devices(jax.lax.pmean, jax.lax.pmean(x, AXIS)),
+        pmin=lambda x: over_devices(jax.lax.pmin, jax.lax.pmin(x, AXIS)),
+        gather=lambda x: over_devices(jax.lax.all_gather, jax.lax.all_gather(x, AXIS), tiled=True),
+        member_index=member_index)
+
+
+def diversity_term(actor_net, collectives: Collectives, diversity: DiversityConfig, actor: PyTree,
+                   obs_all: jax.Array):
+    """A member's share of DvD: (loss, d loss / d own actor, distance metric); the loss is over every actor's
+    embedding (its actions on ``obs_all``), the gradient flows into the member's own actor only."""
+    emb, pullback = jax.vjp(lambda p: actor_net.apply(p, obs_all).reshape(-1), actor)
+    embeddings = collectives.gather(emb)  # [pop, S * A], identical for every member
+    loss, grad_emb = jax.value_and_grad(diversity_loss)(embeddings, diversity.rbf_scale, diversity.jitter,
+                                                        diversity.normalize)
+    (grads,) = pullback(grad_emb[collectives.member_index()])
+    return loss, grads, mean_pairwise_distance(jax.lax.stop_gradient(embeddings))
+
+
 # --- the learner --------------------------------------------------------------------------------
 def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
                            diversity: DiversityConfig | None = None,
@@ -184,24 +223,8 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
     critic_net = TwinCritic(config.hidden)
     obs0 = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
     act0 = jnp.zeros((1, spec.action_dim), jnp.float32)
-    # Every reduction spans the population: the members of this program (vmap axis), then the
-    # devices (equal shares, so the mean of means is the population mean).
-    def pmean(x):
-        x = jax.lax.pmean(x, AXIS)
-        return x if device_axis is None else jax.lax.pmean(x, device_axis)
-
-    def pmin(x):
-        x = jax.lax.pmin(x, AXIS)
-        return x if device_axis is None else jax.lax.pmin(x, device_axis)
-
-    def gather(x):
-        """Every actor's ``x``, ``[all actors, ...]`` in global member order."""
-        x = jax.lax.all_gather(x, AXIS)
-        return x if device_axis is None else jax.lax.all_gather(x, device_axis, tiled=True)
-
-    def member_index():
-        index = jax.lax.axis_index(AXIS)
-        return index if device_axis is None else jax.lax.axis_index(device_axis) * pop_size + index
+    collectives = population_collectives(pop_size, device_axis)  # every reduction spans the population
+    pmean, pmin, gather = collectives.pmean, collectives.pmin, collectives.gather
 
     def init_actor(key: Key) -> PyTree:
         return actor_net.init(key, obs0)
@@ -219,15 +242,6 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
         """New actors (CEM-RL samples): target := actor and a fresh Adam state, as in the release."""
         return state.replace(actor=actors, target_actor=jax.tree.map(jnp.copy, actors),
                              actor_opt=jax.vmap(adam_init)(actors))
-
-    def diversity_term(actor, obs_all):
-        """Member's share of DvD: (loss, d loss / d own actor, distance metric); unbatched loss."""
-        emb, pullback = jax.vjp(lambda p: actor_net.apply(p, obs_all).reshape(-1), actor)
-        embeddings = gather(emb)  # [pop, S * A], identical for every member
-        loss, grad_emb = jax.value_and_grad(diversity_loss)(embeddings, diversity.rbf_scale, diversity.jitter,
-                                                            diversity.normalize)
-        (grads,) = pullback(grad_emb[member_index()])
-        return loss, grads, mean_pairwise_distance(jax.lax.stop_gradient(embeddings))
 
     def member_critic_grads(key, target_actor, batch, hp, critic, target_critic):
         """Member's TD loss on its own sub-batch (own target actor and noise key) and the
@@ -257,7 +271,7 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
             obs_all = gather(batch.obs).reshape((-1,) + spec.obs_shape)
             if diversity.embedding_states:
                 obs_all = obs_all[: diversity.embedding_states]
-            div_loss, div_grads, distance = diversity_term(actor, obs_all)
+            div_loss, div_grads, distance = diversity_term(actor_net, collectives, diversity, actor, obs_all)
             actor_grads = jax.tree.map(lambda g, d: g + weight * d, actor_grads, div_grads)
             metrics.update(diversity_loss=div_loss, diversity_weight=jnp.asarray(weight, jnp.float32),
                            embedding_distance=distance)
@@ -321,9 +335,8 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
 
 def from_member_states(td3_states) -> SharedCriticState:
     """A shared-critic state from stacked single-agent ``TD3State``s; the critic of member 0 is shared."""
-    first = lambda tree: jax.tree.map(lambda x: x[0], tree)
     return SharedCriticState(actor=td3_states.actor, target_actor=td3_states.target_actor,
-                             actor_opt=td3_states.actor_opt, critic=first(td3_states.critic),
-                             target_critic=first(td3_states.target_critic),
-                             critic_opt=first(td3_states.critic_opt),
+                             actor_opt=td3_states.actor_opt, critic=member(td3_states.critic, 0),
+                             target_critic=member(td3_states.target_critic, 0),
+                             critic_opt=member(td3_states.critic_opt, 0),
                              steps=td3_states.steps[0])

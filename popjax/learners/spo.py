@@ -56,13 +56,16 @@ from popjax.learners.base import (
     Learner,
     LearnerDef,
     ReplayStep,
+    RunFit,
     adam_init,
     adam_step,
     init_actor_critic,
     select,
+    without_extras,
 )
-from popjax.networks.mlp import DeterministicActor, QNetwork, TwinCritic, check_cnn
+from popjax.networks.mlp import QNetwork, check_cnn
 from popjax.population.hparams import hparam
+from popjax.population.tree import member
 from popjax.schema import problem
 from popjax.types import EnvSpec, Key, PyTree, Transition
 
@@ -110,7 +113,7 @@ def specialize(config: SPOConfig, hparams, updates_per_call: int, searched: froz
 # --- the replica core (generic over the step) ----------------------------------------------------
 def first(tree: PyTree) -> PyTree:
     """Replica 0 (all replicas agree after a sync)."""
-    return jax.tree.map(lambda x: x[0], tree)
+    return member(tree, 0)
 
 
 def replica_mean(tree: PyTree) -> PyTree:
@@ -287,9 +290,10 @@ class SPOTD3State:
 
 
 def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
-    actor_net = DeterministicActor(config.hidden, spec.action_dim)
-    critic_net = TwinCritic(config.hidden)
-    base = td3.make_td3(td3.TD3Config(hidden=config.hidden, batch_size=config.batch_size), spec)
+    """SPO around TD3's actor-critic ``Core``: its target, critic loss and per-sample actor losses in each local
+    step, its acting functions on replica 0."""
+    core = td3.td3_core(td3.TD3Config(hidden=config.hidden, batch_size=config.batch_size), spec)
+    actor_net, critic_net = core.actor_net, core.critic_net
     r = config.replicas
 
     def init(key: Key, hparams: SPOTD3HParams) -> SPOTD3State:
@@ -304,13 +308,14 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
         """A round; the critic loss of sample i weighted by ``weights`` ``[H, B]`` (None: unweighted; the actor
         loss never is); also the larger twin's ``|Q(s, a) - y|`` ``[H, B]`` from the critic phase."""
         def critic_step(critic, critic_opt, key, batch, w):
-            y = td3.target_q(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
-            (loss, q), grads = jax.value_and_grad(td3.critic_loss_fn, has_aux=True)(critic, critic_net, batch, y, w)
+            y = core.target(key, state, batch, hp)  # the round's frozen targets
+            (loss, q), grads = jax.value_and_grad(core.critic_loss, has_aux=True)(critic, batch, y, w)
             critic, critic_opt = adam_step(critic, grad_sync(grads, config), critic_opt, hp.critic_lr)
             return critic, critic_opt, {"critic_loss": loss, "q_mean": q.mean(), "td_abs": jnp.abs(q - y).max(axis=0)}
 
         def actor_step(actor, actor_opt, critic, batch):
-            loss, grads = jax.value_and_grad(lambda a: td3.dpg_loss(actor_net, critic_net, a, critic, batch.obs))(actor)
+            loss, grads = jax.value_and_grad(lambda a: core.actor_terms(None, a, critic, state, batch.obs)[0].mean())(
+                actor)
             actor, actor_opt = adam_step(actor, grad_sync(grads, config), actor_opt, hp.actor_lr)
             return actor, actor_opt, {"actor_loss": loss}
 
@@ -357,14 +362,15 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
         return td3.TD3State(actor=first(state.actor), critic=None, target_actor=None, target_critic=None,
                             actor_opt=None, critic_opt=None, steps=state.steps)
 
-    return Learner(init=init, act=lambda key, state, obs, hp: base.act(key, as_td3(state), obs, hp),
-                   policy=lambda state, obs: base.policy(as_td3(state), obs),
+    return Learner(init=init, act=without_extras(lambda key, state, obs, hp: core.act(key, as_td3(state), obs, hp)),
+                   policy=lambda state, obs: core.policy(as_td3(state), obs),
                    step=ReplayStep(update_round, chunk=config.local_steps, banks=r))
 
 
 DQN_DEFINITION = LearnerDef(name="spo_dqn", config_cls=SPODQNConfig, hparams_cls=dqn.DQNHParams, make=make_spo_dqn,
-                            default_hparams=dqn.default_hparams, action_kind="discrete", specialize=specialize,
-                            check_env=check_cnn)
+                            default_hparams=dqn.default_hparams, action_kind="discrete",
+                            fit=RunFit(specialize=specialize, check_env=check_cnn))
 TD3_DEFINITION = LearnerDef(name="spo_td3", config_cls=SPOTD3Config, hparams_cls=SPOTD3HParams, make=make_spo_td3,
-                            default_hparams=default_td3_hparams, action_kind="continuous", specialize=specialize)
+                            default_hparams=default_td3_hparams, action_kind="continuous",
+                            fit=RunFit(specialize=specialize))
 DEFINITIONS = (DQN_DEFINITION, TD3_DEFINITION)

@@ -12,14 +12,13 @@ updates of a call are a multiple of it), ``specialize`` fixes the delay in the c
 (``fixed_policy_delay``) and the learner does its updates in chunks of ``d``: ``d - 1``
 critic-only steps, then one critic + actor + targets step. Same results, no discarded work.
 The chunk's ``actor_loss`` is the policy step's (the traced gate reports the candidate
-actor's loss on every step).
+actor's loss on every step). ``td3_core`` is TD3 as an actor-critic ``Core`` (``learners/actor_critic.py``),
+which ReF-ER, RLx2 and SPO wrap.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +27,7 @@ from pydantic import Field
 
 from popjax import schema
 from popjax.config import ConfigError
+from popjax.learners.actor_critic import PLAIN, Behaviour, Core, Steps
 from popjax.learners.base import (
     MUJOCO_V5,
     BatchSize,
@@ -35,15 +35,17 @@ from popjax.learners.base import (
     Int,
     Learner,
     LearnerDef,
+    PBTSupport,
     ReplayStep,
+    Report,
+    RunFit,
     adam_init,
-    adam_step,
-    identity,
     init_actor_critic,
     polyak,
     replay_step,
     scalar,
     select,
+    without_extras,
 )
 from popjax.networks.mlp import DeterministicActor, TwinCritic
 from popjax.population.hparams import hparam
@@ -128,44 +130,8 @@ def dpg_values(actor_net, critic_net, actor: PyTree, critic: PyTree, obs: jax.Ar
     return critic_net.apply(critic, obs, actor_net.apply(actor, obs))[0]
 
 
-@dataclasses.dataclass(frozen=True)
-class TD3Steps:
-    """How a TD3 update changes the networks; the defaults are plain TD3. A variant passes its own (RLx2: masked
-    gradients, re-masked weights and targets) and reuses the update unchanged.
-
-    ``critic``/``actor``: ``(params, grads, opt_state, lr) -> (params, opt_state)``; ``critic_targets`` /
-    ``actor_targets``: applied to the targets after each Polyak average. ``target(key, actor_net, critic_net,
-    target_actor, target_critic, batch, hp) -> y`` is the TD target of a batch (RLx2: multi-step over windows) and
-    ``sample(batch)`` the transitions ``[B, ...]`` the losses are about (the first of each window).
-    ``actor_loss(actor, critic, transitions) -> loss``: the actor's objective (None: ``dpg_loss``; ReF-ER masks the
-    per-sample DPG terms and adds its KL penalty).
-    """
-
-    critic: Callable = adam_step
-    actor: Callable = adam_step
-    critic_targets: Callable[[PyTree], PyTree] = identity
-    actor_targets: Callable[[PyTree], PyTree] = identity
-    target: Callable = target_q
-    sample: Callable = identity
-    actor_loss: Callable | None = None
-
-
-PLAIN = TD3Steps()
-
-
-class TD3Core(NamedTuple):
-    """TD3's functions with the ``TD3Steps`` as a last argument (``make_td3`` binds ``PLAIN``)."""
-
-    actor_net: DeterministicActor
-    critic_net: TwinCritic
-    init: Callable
-    update_weighted: Callable  # (key, state, batch, weights | None, hp, steps) -> (state, metrics, td_abs)
-    update_chunk: Callable  # (keys [d], state, batches [d, B, ...], weights [d, B] | None, hp, steps) -> (.., td_abs)
-    policy: Callable
-    act: Callable
-
-
-def td3_core(config: TD3Config, spec: EnvSpec) -> TD3Core:
+def td3_core(config: TD3Config, spec: EnvSpec) -> Core:
+    """TD3 as an actor-critic ``Core``; its update takes the wrapper's ``Steps``."""
     actor_net = DeterministicActor(config.hidden, spec.action_dim)
     critic_net = TwinCritic(config.hidden)
 
@@ -182,30 +148,39 @@ def td3_core(config: TD3Config, spec: EnvSpec) -> TD3Core:
             steps=jnp.zeros((), jnp.int32),
         )
 
-    def critic_update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams, steps: TD3Steps, weights=None):
+    def one_step_target(key: Key, state: TD3State, batch: Transition, hp: TD3HParams) -> jax.Array:
+        return target_q(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
+
+    def critic_loss(critic, transitions, y, weights=None):
+        return critic_loss_fn(critic, critic_net, transitions, y, weights)
+
+    def actor_terms(key, actor, critic, state, obs):
+        """Per-sample DPG losses ``-Q_1(s, pi(s))`` (TD3's actor draws nothing: ``key`` is None)."""
+        del key, state
+        return -dpg_values(actor_net, critic_net, actor, critic, obs), None
+
+    def critic_update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams, steps: Steps, weights=None):
         """Also returns ``|TD error|`` per sample, the larger of the twin critics' (as LAP, Fujimoto et al. 2020)."""
-        y = steps.target(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
-        (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
-            state.critic, critic_net, steps.sample(batch), y, weights
+        y = (steps.target or one_step_target)(key, state, batch, hp)
+        (loss, q), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(
+            state.critic, steps.sample(batch), y, weights
         )
         critic, critic_opt = steps.critic(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
-        return critic, critic_opt, critic_loss, q, jnp.abs(q - y).max(axis=0)
+        return critic, critic_opt, loss, q, jnp.abs(q - y).max(axis=0)
 
-    def actor_update(state: TD3State, critic: PyTree, batch: Transition, hp: TD3HParams, steps: TD3Steps):
-        if steps.actor_loss is None:
-            loss = lambda actor: dpg_loss(actor_net, critic_net, actor, critic, steps.sample(batch).obs)  # noqa: E731
-        else:
-            loss = lambda actor: steps.actor_loss(actor, critic, steps.sample(batch))  # noqa: E731
+    def actor_update(state: TD3State, critic: PyTree, batch: Transition, hp: TD3HParams, steps: Steps):
+        obs = steps.sample(batch).obs
+        loss = lambda actor: steps.actor_objective(actor, actor_terms(None, actor, critic, state, obs)[0])  # noqa: E731
         actor_loss, actor_grads = jax.value_and_grad(loss)(state.actor)
         actor, actor_opt = steps.actor(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
         return actor, actor_opt, actor_loss
 
-    def targets(state: TD3State, actor: PyTree, critic: PyTree, hp: TD3HParams, steps: TD3Steps):
+    def targets(state: TD3State, actor: PyTree, critic: PyTree, hp: TD3HParams, steps: Steps):
         return (steps.actor_targets(polyak(state.target_actor, actor, hp.tau)),
                 steps.critic_targets(polyak(state.target_critic, critic, hp.tau)))
 
-    def update_weighted(key: Key, state: TD3State, batch: Transition, weights: jax.Array | None, hp: TD3HParams,
-                        steps: TD3Steps = PLAIN):
+    def update(key: Key, state: TD3State, batch: Transition, weights: jax.Array | None, hp: TD3HParams,
+               steps: Steps = PLAIN):
         critic, critic_opt, critic_loss, q, td_abs = critic_update(key, state, batch, hp, steps, weights)
         actor, actor_opt, actor_loss = actor_update(state, critic, batch, hp, steps)
         is_policy_step = (state.steps + 1) % hp.policy_delay == 0
@@ -226,7 +201,7 @@ def td3_core(config: TD3Config, spec: EnvSpec) -> TD3Core:
         return new_state, metrics, td_abs
 
     def update_chunk(keys: Key, state: TD3State, batches: Transition, weights: jax.Array | None, hp: TD3HParams,
-                     steps: TD3Steps = PLAIN):
+                     steps: Steps = PLAIN):
         """``d`` updates (``fixed_policy_delay``): ``d - 1`` critic-only steps, then the policy step. ``weights``
         ``[d, B]`` weight the critic losses (None: unweighted); also returns ``|TD error|`` ``[d, B]``."""
 
@@ -253,18 +228,30 @@ def td3_core(config: TD3Config, spec: EnvSpec) -> TD3Core:
     def policy(state: TD3State, obs: jax.Array) -> jax.Array:
         return actor_net.apply(state.actor, obs)
 
-    def act(key: Key, state: TD3State, obs: jax.Array, hp: TD3HParams) -> jax.Array:
-        action = policy(state, obs)
-        return jnp.clip(action + hp.exploration_noise * jax.random.normal(key, action.shape), -1.0, 1.0)
+    def gaussian(actor: PyTree, obs: jax.Array, hp: TD3HParams):
+        """``N(actor(s), sigma^2)`` with ``sigma = exploration_noise``, the sigma ``act`` uses."""
+        mean = actor_net.apply(actor, obs)
+        return mean, jnp.broadcast_to(jnp.log(hp.exploration_noise), mean.shape)
 
-    return TD3Core(actor_net, critic_net, init, update_weighted, update_chunk, policy, act)
+    def behave(key: Key, state: TD3State, obs: jax.Array, hp: TD3HParams) -> Behaviour:
+        mean, log_std = gaussian(state.actor, obs, hp)
+        u = mean + hp.exploration_noise * jax.random.normal(key, mean.shape)
+        return Behaviour(jnp.clip(u, -1.0, 1.0), mean, log_std, u)
+
+    def act(key: Key, state: TD3State, obs: jax.Array, hp: TD3HParams) -> jax.Array:
+        return behave(key, state, obs, hp).action
+
+    return Core(actor_net, critic_net, init, policy, act, behave, gaussian, one_step_target, critic_loss,
+                actor_terms, split=lambda key: (key, None), update=update, update_chunk=update_chunk,
+                actor_period=lambda hp: hp.policy_delay,
+                targets={"target_actor": "actor", "target_critic": "critic"})
 
 
 def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
     core = td3_core(config, spec)
     delay = config.fixed_policy_delay
-    step = ReplayStep(core.update_chunk, chunk=delay) if delay else replay_step(core.update_weighted)
-    return Learner(init=core.init, act=core.act, policy=core.policy, step=step)
+    step = ReplayStep(core.update_chunk, chunk=delay) if delay else replay_step(core.update)
+    return Learner(init=core.init, act=without_extras(core.act), policy=core.policy, step=step)
 
 
 def specialize(config: TD3Config, hparams: TD3HParams, updates_per_call: int, searched: frozenset[str],
@@ -300,14 +287,14 @@ PRESETS = {
 }
 
 DEFINITION = LearnerDef(
-    name="td3", search_space=SEARCH_SPACES["td3"], presets=PRESETS,
+    name="td3", presets=PRESETS,
     config_cls=TD3Config,
     hparams_cls=TD3HParams,
     make=make_td3,
     default_hparams=default_hparams,
     action_kind="continuous",
-    specialize=specialize,
-    actor_params=lambda state: state.actor,
-    policy_state=("actor", "target_actor"),
-    optimizer_state={"actor_opt": "actor", "critic_opt": "critic"},
+    pbt=PBTSupport(SEARCH_SPACES["td3"], policy_state=("actor", "target_actor"),
+                   optimizer_state={"actor_opt": "actor", "critic_opt": "critic"}),
+    report=Report(actor_params=lambda state: state.actor),
+    fit=RunFit(specialize=specialize),
 )

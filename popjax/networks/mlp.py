@@ -93,7 +93,7 @@ def nature_torso_problem(obs_shape: tuple[int, ...]) -> str | None:
 
 
 def check_cnn(config: Any, spec: Any) -> tuple[str, str] | None:
-    """``LearnerDef.check_env`` of a learner whose ``cnn`` option puts ``NatureTorso`` before its Q-network."""
+    """``RunFit.check_env`` of a learner whose ``cnn`` option puts ``NatureTorso`` before its Q-network."""
     if config.cnn and (why := nature_torso_problem(spec.obs_shape)) is not None:
         return "cnn", f"{why} (allowed: false)"
     return None

@@ -63,6 +63,17 @@ def hparam_bounds(hparams_cls) -> dict[str, Number]:
     return {f.name: f.metadata["hparam"] for f in fields}
 
 
+def extend(base, hparams_cls, **values):
+    """``hparams_cls`` (whose fields include those of ``base``'s class) with ``base``'s values and ``values``: a
+    wrapper's defaults from its base learner's (``values`` override)."""
+    return hparams_cls(**{**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}, **values})
+
+
+def restrict(hparams, hparams_cls):
+    """The ``hparams_cls`` part of ``hparams`` (a wrapper's hparams as its base learner sees them)."""
+    return hparams_cls(**{f.name: getattr(hparams, f.name) for f in dataclasses.fields(hparams_cls)})
+
+
 def hparam_help(hparams_cls) -> dict[str, str]:
     return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(hparams_cls)}
 

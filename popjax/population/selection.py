@@ -71,17 +71,22 @@ def multi_frequency(fitness: jax.Array, valid: jax.Array, round_index: jax.Array
 
     Every copy reads the round's snapshot (a gather), so a member replaced this round still passes on its old
     weights (the reference code copies in place and can pass on a replaced row).
+
+    Broken members (``valid`` False) are replaced in every round, also in a sub-population that rests and beyond
+    the q of B4: a member that would keep (or take) broken weights takes the weights and hparams of its
+    sub-population's best valid member (the population's, if it has none) and is explored, as a truncation loser.
     """
     pop = fitness.shape[0]
     idx = jnp.arange(pop, dtype=jnp.int32)
     score = jnp.where(valid, fitness, -jnp.inf)
     group = np.repeat(np.arange(len(sizes)), sizes)
     delta = jnp.asarray(np.repeat(frequencies, sizes), jnp.int32)
-    parent, hparams_from, explored = idx, idx, jnp.zeros(pop, bool)
+    parent, hparams_from, explored, best = idx, idx, jnp.zeros(pop, bool), idx
     start = 0
     for i, (n, f) in enumerate(zip(sizes, frequencies, strict=True)):
         q, members = int(quantile * n), idx[start:start + n]
         ranked = members[jnp.lexsort((members, -score[start:start + n], ~valid[start:start + n]))]
+        best = best.at[members].set(ranked[0])
         b1, b3, b4 = ranked[:q], ranked[n - 2 * q:n - q], ranked[n - q:]
         new_parent, new_from = parent.at[b4].set(b1), hparams_from.at[b4].set(b1)
         new_explored = explored.at[b4].set(True)
@@ -98,4 +103,7 @@ def multi_frequency(fitness: jax.Array, valid: jax.Array, round_index: jax.Array
         parent, hparams_from = jnp.where(evolve, new_parent, parent), jnp.where(evolve, new_from, hparams_from)
         explored = jnp.where(evolve, new_explored, explored)
         start += n
-    return parent, hparams_from, explored
+    fallback = jnp.where(valid[best], best, jnp.lexsort((idx, -score, ~valid))[0].astype(jnp.int32))
+    broken = ~valid[parent] & valid[fallback]  # it would train on broken weights: replaced whatever the round
+    parent, hparams_from = jnp.where(broken, fallback, parent), jnp.where(broken, fallback, hparams_from)
+    return parent, hparams_from, explored | broken
