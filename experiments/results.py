@@ -73,11 +73,23 @@ def mean_sd(values: Sequence[float], digits: int = 0) -> str:
 
 def paired_ratio(values: Sequence[float], base: Sequence[float], digits: int = 2) -> str:
     """The 95 % paired bootstrap interval of mean(values) / mean(base) (seed i of both arms drawn together), or
-    "n<4" when there are fewer than 4 seeds."""
+    "n<4" when there are fewer than 4 seeds; below 10 seeds Fieller's t-based interval beside it."""
     if len(values) < stats.MIN_BOOTSTRAP_SEEDS:
         return f"n<{stats.MIN_BOOTSTRAP_SEEDS}"
     ci = stats.paired_ci(values, base, "ratio", reps=REPS)
-    return f"{num(ci.low, digits)}-{num(ci.high, digits)}"
+    text = f"{num(ci.low, digits)}-{num(ci.high, digits)}"
+    if len(values) < stats.MIN_COVERING_SEEDS:
+        low, high = stats.fieller_interval(values, base)
+        text += f" (t: {num(low, digits)}-{num(high, digits)})"
+    return text
+
+
+def t_beside(values: Sequence[float], base: Sequence[float], digits: int = 1) -> str:
+    """"; t [low, high]": the t-interval of the paired differences, for seeds too few for the bootstrap to cover."""
+    if len(values) >= stats.MIN_COVERING_SEEDS:
+        return ""
+    low, high = stats.t_interval(np.asarray(values, dtype=float) - np.asarray(base, dtype=float))
+    return f"; t [{num(low, digits)}, {num(high, digits)}]"
 
 
 def at_or_before(curve: Sequence[Sequence[float]], x: float) -> float:
@@ -88,13 +100,108 @@ def at_or_before(curve: Sequence[Sequence[float]], x: float) -> float:
 
 @table
 def scoreboard() -> list[str]:
-    """Every seed-paper claim with its verdict and where its numbers are (``results/scoreboard.json``)."""
+    """Every seed-paper claim with its verdict, the rule that decides it, the scale it was tested at and where its
+    numbers are (``results/scoreboard.json``). A claim with ``evidence`` is decided here, from its JSON, by
+    ``EVIDENCE``; its committed verdict must be that one."""
     rows = []
     for c in load("scoreboard.json")["claims"]:
+        if c["verdict"] not in stats.VERDICTS:
+            raise ValueError(f"scoreboard.json: {c['claim']!r}: verdict {c['verdict']!r} (allowed: "
+                             f"{', '.join(stats.VERDICTS)})")
+        shown = ""
+        if c.get("evidence"):
+            computed, shown = EVIDENCE[c["evidence"]]()
+            if computed != c["verdict"]:
+                raise ValueError(f"scoreboard.json: {c['claim']!r} says {c['verdict']!r} but its rule gives "
+                                 f"{computed!r} ({shown})")
         where = ", ".join(f"[{x['title']}](#{x['anchor']})" if x["anchor"] else x["title"] for x in c["sections"])
-        verdict = f"**{c['verdict']}**" + (f": {c['detail']}" if c["detail"] else "")
-        rows.append([c["paper"], c["claim"], verdict, where or "—"])
-    return md(["paper", "claim", "verdict", "section"], rows)
+        verdict = f"**{c['verdict']}**" + (f": {shown}" if shown else "") + (f"; {c['detail']}" if c["detail"] else "")
+        rows.append([c["paper"], c["claim"], verdict, c["rule"], scale_text(c["scale"]), where or "—"])
+    return md(["paper", "claim", "verdict", "rule", "scale", "section"], rows)
+
+
+def scale_text(scale: dict) -> str:
+    return ", ".join(str(scale[k]) for k in ("env", "steps", "seeds", "budget") if scale.get(k) not in (None, ""))
+
+
+def _paired(a: Sequence[float], b: Sequence[float], margin: float = 0.0, kind: str = "difference",
+            digits: int = 1) -> tuple[str, str]:
+    v = stats.paired_verdict(a, b, margin, kind, reps=REPS)
+    return v["verdict"], verdict_text(v, digits).rsplit(":", 1)[0]
+
+
+def _r1() -> tuple[str, str]:
+    """popjax's vectorized TD3 update (the K = 50 scan) over sequential PyTorch at every N > 15 measured in full
+    float32 on the H200 (``speedup_vs_torch_seq``: both medians from the same run)."""
+    rows = [(r["pop"], r["speedup_vs_torch_seq"], r["peak_gflops"])
+            for f in ("update_gpu_nvidia-h200_fp32.json", "update_gpu_nvidia-h200_fp32_n64-256.json")
+            for r in load(BENCH / f)["results"]
+            if r["impl"] == "vmap_scan" and r["pop"] > 15 and r.get("speedup_vs_torch_seq") is not None]
+    ratios = [x for _, x, _ in rows]
+    verdict = "held" if min(ratios) >= 4 else "refuted at this scale" if max(ratios) < 4 else "not resolved"
+    text = ", ".join(f"{x:.0f}× at N = {n}" for n, x, _ in rows)
+    peak = min(g for _, _, g in rows) / 1000
+    return verdict, f"{text} (fp32 both sides; measured fp32 matmul peak {peak:.1f} TFLOP/s)"
+
+
+def _pbt_rs(env: str, a: str, b: str) -> Callable[[], tuple[str, str]]:
+    def evidence():
+        records = runs(f"pbt_random_search_{env}", lambda r: (r["arm"], r["seed"]), "*_s*.json")
+        ids = sorted({s for _, s in records})
+        return _paired([records[(a, s)]["final_best"] for s in ids], [records[(b, s)]["final_best"] for s in ids])
+    return evidence
+
+
+def _pbt_paper(b: str) -> Callable[[], tuple[str, str]]:
+    def evidence():
+        seed_ids, rescored = pbt_paper_scores()
+        if len(seed_ids) < 2:
+            return "not resolved", f"{len(seed_ids)} seed(s) finished"
+        return _paired(rescored["pbt"], rescored[b])
+    return evidence
+
+
+MEMR_MARGIN = 0.1  # "matches SAC": MEMR's final return within 10 % of |SAC's| below it
+
+
+def _memr(path: str, a: str, b: str, margin_of_b: float) -> Callable[[], tuple[str, str]]:
+    def evidence():
+        configs = load(path)["summary"]["configs"]
+        base = configs[b]["final"]
+        return _paired(configs[a]["final"], base, -margin_of_b * abs(float(np.mean(base))))
+    return evidence
+
+
+def _refer(name: str) -> Callable[[], tuple[str, str]]:
+    def evidence():
+        norm = load(f"refer_learning_{name}.json")["summary"]["final_normalised"]
+        return _paired(norm["refer"], norm["td3"], REFER_MARGIN, digits=2)
+    return evidence
+
+
+HTS_MARGIN = 0.1  # "costs no data efficiency": HTS (Eq. 6) within 10 % of lock-step's mean return below it
+
+
+def _hts_lag() -> tuple[str, str]:
+    runs_ = load("hts_learning.json")["runs"]
+    base = runs_["lockstep"]["mean_return_per_seed"]
+    return _paired(runs_["eq6"]["mean_return_per_seed"], base, -HTS_MARGIN * abs(float(np.mean(base))))
+
+
+EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
+    "hts_lag": _hts_lag,
+    "r1_gpu": _r1,
+    "r2_pendulum": _pbt_rs("pendulum", "pbt", "random"),
+    "r2_halfcheetah_25k": _pbt_rs("halfcheetah-v5", "pbt", "random"),
+    "r2_paper_defaults": _pbt_paper("defaults"),
+    "r2_paper_random": _pbt_paper("random"),
+    "memr_pendulum": _memr("memr_pendulum/results.json", "memr", "sac", MEMR_MARGIN),
+    "memr_hopper": _memr("memr_hopper/results.json", "memr", "sac", MEMR_MARGIN),
+    "memr_prioritized_pendulum": _memr("memr_pendulum/results.json", "memr", "memr_uniform", 0.0),
+    "memr_prioritized_hopper": _memr("memr_hopper/results.json", "memr", "memr_uniform", 0.0),
+    "refer_pendulum": _refer("pendulum"),
+    "refer_hopper": _refer("hopper-v5"),
+}
 
 # --- speed -------------------------------------------------------------------------------------------------
 
@@ -113,6 +220,24 @@ def shared_critic() -> list[str]:
     return [when, ""] + md(["N", "vectorized ms/step", "sequential (1 program)", "sequential (loop of jitted calls)",
                             "vectorized speed-up vs sequential", "GFLOP/step vectorized / sequential",
                             "GFLOP/s vectorized / sequential"], rows)
+
+
+@table
+def r1_gpu() -> list[str]:
+    """fast-PBT R1 from the H200 update study: per N, popjax's K = 50 scan and sequential PyTorch (ms per population
+    step, medians from the same run, full float32 on both sides) and their ratio, beside the run's measured peak."""
+    rows = []
+    for f in ("update_gpu_nvidia-h200_fp32.json", "update_gpu_nvidia-h200_fp32_n64-256.json"):
+        results = load(BENCH / f)["results"]
+        torch = {r["pop"]: r for r in results if r["impl"] == "torch_seq"}
+        for r in results:
+            if r["impl"] == "vmap_scan":
+                t = torch.get(r["pop"], {})
+                rows.append([r["pop"], num(r["ms_per_pop_step"], 3), num(t.get("ms_per_pop_step"), 1),
+                             num(r.get("speedup_vs_torch_seq")) + ("×" if r.get("speedup_vs_torch_seq") else ""),
+                             num(r["peak_gflops"] / 1000, 1), f"`{f}`"])
+    return md(["N", "popjax K = 50 scan, ms per step (fp32)", "PyTorch sequential, ms per step (fp32)",
+               "ratio", "measured fp32 matmul peak, TFLOP/s", "file"], rows)
 
 
 # --- make run ------------------------------------------------------------------------------------------------
@@ -171,9 +296,10 @@ def cemrl_pendulum_paired() -> list[str]:
     groups = by_method(load("cemrl_pendulum.json")["runs"])
     base = [r["final"] for r in groups["cemrl_sequential"]]
     diffs = [r["final"] - b for r, b in zip(groups["cemrl_vectorized"], base, strict=True)]
-    rows = [["CEM-RL vectorized − sequential order", seeds(diffs), mean_sd(diffs),
+    low, high = stats.t_interval(diffs)
+    rows = [["CEM-RL vectorized − sequential order", seeds(diffs), mean_sd(diffs), f"[{num(low)}, {num(high)}] (n<4)",
              f"{sum(d > 0 for d in diffs)} of {len(diffs)}"]]
-    return md(["final return, paired by seed (n = 3)", "difference per seed", "mean ± SD",
+    return md(["final return, paired by seed (n = 3)", "difference per seed", "mean ± SD", "95 % t-interval",
                "seeds where vectorized is ahead"], rows)
 
 
@@ -433,8 +559,9 @@ def hts_learning() -> list[str]:
 
 
 def _paired_diff(values: Sequence[float], base: Sequence[float]) -> str:
+    """Δ of means [95 % percentile paired bootstrap], and below 10 seeds the t-interval beside it."""
     ci = stats.paired_ci(values, base, reps=REPS)
-    return f"{num(ci.point, 1)} [{num(ci.low, 1)}, {num(ci.high, 1)}]"
+    return f"{num(ci.point, 1)} [{num(ci.low, 1)}, {num(ci.high, 1)}]{t_beside(values, base)}"
 
 
 PPO_ARMS = (("pbt", "PBT (synchronous loop, `driver: pbt`)"), ("baseline", "independent, popjax PPO defaults"),
@@ -651,21 +778,25 @@ def refer_curve_rows(name: str, every: int = 1) -> list[str]:
     return md(["env steps (means of the seeds)"] + [f"{steps[i] // 1000}k" for i in shown], rows)
 
 
+REFER_MARGIN = -0.1  # spec §10 (c): ReF-ER's final normalised return >= the baseline's - 0.1
+
+
 def refer_criteria_rows(name: str) -> list[str]:
     data = load(f"refer_learning_{name}.json")
     s, n = data["summary"], data["seeds"]
     held = {True: "**held**", False: "**not held**"}
     far = s["refer_far_fraction_after_20pct"]
     base, ref = s["final_normalised"]["td3"], s["final_normalised"]["refer"]
-    ci = stats.paired_ci(ref, base, reps=REPS)
+    v = stats.paired_verdict(ref, base, margin=REFER_MARGIN, reps=REPS)
     kl_ratio = float(np.mean(s["kl_after_20pct"]["td3"]) / np.mean(s["kl_after_20pct"]["refer"]))
     rows = [["(a) replay-averaged KL lower with ReF-ER in >= 4 of 5 seeds",
              f"lower in {s['seeds_with_lower_kl']} of {n} (mean {num(kl_ratio)}x lower)", held[s["a_kl_passed"]]],
             ["(b) ReF-ER's far fraction in [0.05, 0.2] after the first 20 %",
              f"{num(far['min'], 3)} - {num(far['max'], 3)} over every evaluation and seed", held[s["b_far_passed"]]],
             ["(c) final normalised return >= baseline - 0.1",
-             f"{mean_sd(ref, 2)} vs {mean_sd(base, 2)}; ReF-ER - TD3 = {num(ci.point, 2)}, paired bootstrap 95 % "
-             f"CI [{num(ci.low, 2)}, {num(ci.high, 2)}]", held[s["c_return_passed"]]]]
+             f"{mean_sd(ref, 2)} vs {mean_sd(base, 2)}; ReF-ER - TD3 = {num(v['point'], 2)}, paired bootstrap 95 % "
+             f"CI [{num(v['percentile'][0], 2)}, {num(v['percentile'][1], 2)}], t [{num(v['t'][0], 2)}, "
+             f"{num(v['t'][1], 2)}]", f"**{v['verdict']}**"]]
     return md(["criterion (spec §10)", "result", "verdict"], rows)
 
 
@@ -697,6 +828,37 @@ def refer_hopper_curve() -> list[str]:
 @table
 def refer_hopper_criteria() -> list[str]:
     return refer_criteria_rows("hopper-v5")
+
+
+@table
+def refer_pendulum_td3_kl() -> list[str]:
+    """The TD3 replay KL's range quoted in the Pendulum reading (every evaluation of every seed, and the seed means)."""
+    kl = np.array([m["kl"] for m in load("refer_learning_pendulum.json")["runs"]["td3"]["members"]])
+    return [f"TD3's replay KL ranges {num(kl.min(), 2)}-{num(kl.max(), 1)} over every evaluation and seed "
+            f"(seed means {num(kl.mean(1).min(), 1)}-{num(kl.mean(1).max(), 1)})."]
+
+
+@table
+def refer_hopper_early() -> list[str]:
+    """ReF-ER's mean return relative to TD3's at each evaluation up to 60k steps on Hopper (means over the seeds)."""
+    runs_ = load("refer_learning_hopper-v5.json")["runs"]
+    steps = runs_["td3"]["members"][0]["env_steps"]
+    td3, refer = (np.array([m["eval_return"] for m in runs_[a]["members"]]).mean(0) for a in ("td3", "refer"))
+    cells = [f"{x // 1000}k {100 * (r / t - 1):+.0f} %" for x, t, r in zip(steps, td3, refer, strict=True) if x <= 60_000]
+    return ["ReF-ER's mean return relative to TD3's, (ReF-ER − TD3) / TD3 at each evaluation up to 60k: "
+            + ", ".join(cells) + "."]
+
+
+@table
+def pbt_halfcheetah_range() -> list[str]:
+    """The range of the best members and the members below 0 quoted in the HalfCheetah (25k) reading."""
+    records = runs("pbt_random_search_halfcheetah-v5", lambda r: (r["arm"], r["seed"]), "*_s*.json")
+    best = {arm: [r["final_best"] for (a, _), r in records.items() if a == arm] for arm in PBT_RS_ARMS}
+    members = [x for r in records.values() for x in r["final_per_member"]]
+    low = min(min(v) for v in best.values())
+    return [f"At 25k steps the best member of a run scores {num(low)} to {num(max(max(v) for v in best.values()))} "
+            f"(the defaults arm's lowest: {seeds(sorted(best['defaults'])[:2])}), and {sum(x < 0 for x in members)} "
+            f"of {len(members)} members' final returns are still below 0."]
 
 
 # --- the document ------------------------------------------------------------------------------------------
@@ -793,7 +955,8 @@ def pbt_strategies_pendulum() -> list[str]:
             if arm != "random":
                 ci = stats.paired_ci(values, base, reps=REPS)
                 wins = sum(v > b for v, b in zip(values, base, strict=True))
-                paired = (f"{ci.point:+.1f} [{ci.low:+.1f}, {ci.high:+.1f}], better on {wins} of {len(base)}"
+                paired = (f"{ci.point:+.1f} [{ci.low:+.1f}, {ci.high:+.1f}]{t_beside(values, base)}, better on "
+                          f"{wins} of {len(base)}"
                           if len(base) >= stats.MIN_BOOTSTRAP_SEEDS else f"n<{stats.MIN_BOOTSTRAP_SEEDS}")
             rows.append([label, arm, *(num(v, 1) for v in values), mean_sd(values, 1), paired])
     below = {arm: sum(v < -500 for (a, _), r in records.items() if a == arm for v in r["final_returns"])
@@ -869,10 +1032,62 @@ def pbt_rs_table(env: str) -> list[str]:
     for a, b in (("pbt", "random"), ("pbt", "defaults"), ("random", "defaults")):
         wins = int(np.sum(raw[a] > raw[b]))
         paired = (_paired_diff(raw[a], raw[b]) if len(seed_ids) >= stats.MIN_BOOTSTRAP_SEEDS
-                  else f"per seed {seeds(raw[a] - raw[b], 1)}")
+                  else f"per seed {seeds(raw[a] - raw[b], 1)}{t_beside(raw[a], raw[b])} (n<4)")
         lines += ["", f"{PBT_RS_ARMS[a]} − {PBT_RS_ARMS[b]}, best final return paired by seed: {paired} "
                   f"(better on {wins} of {len(seed_ids)} seeds)."]
     return lines + ["", f"Random-policy return (the normaliser's low end, 100 episodes): {low:.1f}."]
+
+
+PBT_PAPER = "pbt_paper_halfcheetah-v5"
+
+
+def pbt_paper_scores(metric: str = "rescored") -> tuple[list[int], dict[str, np.ndarray]]:
+    """Seeds whose three arms all finished, and per arm the chosen member's ``metric`` (``rescored``: its mean
+    return on 20 fresh episodes; ``final_best``: its training-time fitness, the last 2 evaluations x 5 episodes;
+    ``last_evaluation``: its last evaluation alone)."""
+    records = runs(PBT_PAPER, lambda r: (r["arm"], r["seed"]), "*_s*.json")
+    for r in records.values():
+        r["last_evaluation"] = r["curves"][r["chosen_member"]][-1][1]
+    seed_ids = sorted({s for a, s in records if all((arm, s) in records for arm in PBT_RS_ARMS)})
+    return seed_ids, {arm: np.array([records[(arm, s)][metric] for s in seed_ids]) for arm in PBT_RS_ARMS}
+
+
+def verdict_text(v: dict, digits: int = 1) -> str:
+    """"Δ [percentile] / t [..], n = ..: **verdict**" of ``stats.paired_verdict``."""
+    pct = v["percentile"]
+    pct = f"percentile [{num(pct[0], digits)}, {num(pct[1], digits)}], " if pct else "n<4, "
+    return (f"{num(v['point'], digits + (v['kind'] == 'ratio') * 2)} ({pct}t [{num(v['t'][0], digits)}, "
+            f"{num(v['t'][1], digits)}], n = {v['n']}) against {num(v['margin'], digits)}: **{v['verdict']}**")
+
+
+@table
+def pbt_paper_halfcheetah() -> list[str]:
+    """R2 as the fast-PBT paper states it: per seed and arm the chosen member's training-time fitness and its
+    re-scored return; PBT − best of 8 defaults (the paper's claim) and PBT − random search (the spec's control),
+    paired by seed, on the re-scored returns, each with its verdict."""
+    seed_ids, fitness = pbt_paper_scores("final_best")
+    if not seed_ids:
+        return ["No seed has finished all three arms yet."]
+    _, rescored = pbt_paper_scores("rescored")
+    rows = [[label, *(f"{f:.0f} → {r:.0f}" for f, r in zip(fitness[arm], rescored[arm], strict=True)),
+             mean_sd(fitness[arm]), mean_sd(rescored[arm])] for arm, label in PBT_RS_ARMS.items()]
+    lines = md(["arm", *(f"seed {s}: fitness → re-scored" for s in seed_ids), "fitness, mean ± SD",
+                "re-scored, mean ± SD"], rows)
+    for a, b, what in (("pbt", "defaults", "the paper's claim"), ("pbt", "random", "the spec's control")):
+        head = f"{PBT_RS_ARMS[a]} − {PBT_RS_ARMS[b]} ({what}), re-scored return paired by seed: "
+        if len(seed_ids) >= 2:
+            v = stats.paired_verdict(rescored[a], rescored[b], reps=REPS)
+            lines += ["", f"{head}{verdict_text(v)}; per seed {seeds(rescored[a] - rescored[b])}."]
+        else:
+            lines += ["", f"{head}{seeds(rescored[a] - rescored[b])} on the one finished seed (no interval from "
+                      f"one seed: **not resolved**)."]
+    _, last = pbt_paper_scores("last_evaluation")
+    inflation = np.concatenate([last[a] - rescored[a] for a in PBT_RS_ARMS])
+    return lines + ["", f"Winner's curse: the chosen member's last evaluation (5 episodes at the end) minus its "
+                    f"re-scored return (20 fresh episodes of the same actor), over all {len(inflation)} runs: mean "
+                    f"{num(float(inflation.mean()))}, range {num(float(inflation.min()))} to "
+                    f"{num(float(inflation.max()))}. (The fitness also averages the evaluation 5k steps earlier, so "
+                    f"fitness − re-scored mixes the curse with the last 5k steps of learning.)"]
 
 
 @table

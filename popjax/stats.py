@@ -272,6 +272,64 @@ def t_interval(values, level: float = 0.95) -> tuple[float, float]:
 
 
 MIN_BOOTSTRAP_SEEDS = 4
+MIN_COVERING_SEEDS = 10  # below this the percentile bootstrap under-covers (83 % at n = 5): a t-interval goes beside it
+VERDICTS = ("held", "refuted at this scale", "not resolved")
+
+
+def fieller_interval(a, b, level: float = 0.95) -> tuple[float, float]:
+    """Student-t (Fieller) interval of mean(a) / mean(b) for paired samples: the ratios θ that a paired t-test of
+    mean(a − θ·b) = 0 does not reject. ``(-inf, inf)`` when mean(b) is itself not distinguishable from 0."""
+    from scipy.stats import t
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n = len(a)
+    if n < 2 or len(b) != n:
+        raise ValueError(f"b: a paired ratio interval needs n >= 2 pairs of equal length, got {len(a)} and {len(b)}")
+    q = float(t.ppf(0.5 + level / 2, n - 1)) ** 2 / n
+    cov = np.cov(a, b, ddof=1)
+    # (ā − θ b̄)² ≤ q (s_aa − 2θ s_ab + θ² s_bb): a quadratic c2 θ² + c1 θ + c0 ≤ 0
+    c2 = b.mean() ** 2 - q * cov[1, 1]
+    c1 = -2 * (a.mean() * b.mean() - q * cov[0, 1])
+    c0 = a.mean() ** 2 - q * cov[0, 0]
+    disc = c1 * c1 - 4 * c2 * c0
+    if c2 <= 0 or disc < 0:
+        return -math.inf, math.inf
+    root = math.sqrt(disc)
+    return float((-c1 - root) / (2 * c2)), float((-c1 + root) / (2 * c2))
+
+
+def decide(low: float, high: float, margin: float) -> str:
+    """The verdict on a claim "the estimand exceeds ``margin``" from one interval of the estimand: **held** when
+    the whole interval lies above the margin, **refuted at this scale** when it lies below, else **not resolved**."""
+    if low > margin:
+        return VERDICTS[0]
+    if high < margin:
+        return VERDICTS[1]
+    return VERDICTS[2]
+
+
+def paired_verdict(a, b, margin: float = 0.0, kind: str = "difference", level: float = 0.95, reps: int = 9999,
+                   seed: int = 0) -> dict:
+    """The verdict on "A beats B by more than ``margin``" (``kind="difference"``: mean(A) − mean(B) > margin;
+    ``"ratio"``: mean(A) / mean(B) > margin) from per-seed scores paired by position. Two intervals: the
+    percentile paired bootstrap (only with n ≥ 4 seeds) and a t-based one (t-interval of the paired differences,
+    or Fieller's for the ratio); each decides with ``decide`` and the verdict is the more conservative: a claim
+    is held (or refuted) only when every interval says so. Returns ``n``, ``point``, ``percentile`` (None below
+    4 seeds), ``t``, ``margin``, ``kind`` and ``verdict``."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"b: paired arms need one score per seed each, shapes {a.shape} and {b.shape}")
+    t_ci = t_interval(a - b, level) if kind == "difference" else fieller_interval(a, b, level)
+    out = {"n": len(a), "kind": kind, "margin": margin, "t": list(t_ci), "percentile": None,
+           "point": float(a.mean() - b.mean() if kind == "difference" else a.mean() / b.mean())}
+    intervals = [t_ci]
+    if len(a) >= MIN_BOOTSTRAP_SEEDS:
+        ci = paired_ci(a, b, kind, reps=reps, level=level, seed=seed)
+        out["percentile"] = [float(ci.low), float(ci.high)]
+        intervals.append(out["percentile"])
+    verdicts = {decide(low, high, margin) for low, high in intervals}
+    out["verdict"] = verdicts.pop() if len(verdicts) == 1 else VERDICTS[2]
+    return out
 
 
 def seed_summary(values, level: float = 0.95, reps: int = 9999, seed: int = 0) -> dict:

@@ -66,3 +66,34 @@ def test_ultimate_compression_ratio_by_hand():
     assert results.ucr(scores, 100.0) == 0.99  # the largest level within 3 % (a level below it may miss)
     assert results.ucr({0.9: -103.0, 0.98: -104.0}, -100.0) == 0.9  # negative returns: 3 % of |dense|
     assert results.ucr({0.9: 96.0}, 100.0) is None
+
+
+def test_every_scoreboard_claim_has_a_three_level_verdict_its_rule_and_scale():
+    claims = results.load("scoreboard.json")["claims"]
+    assert {c["verdict"] for c in claims} <= {"held", "refuted at this scale", "not resolved"}
+    assert all(c["rule"] and c["scale"]["env"] for c in claims)
+    computed = [c for c in claims if c.get("evidence")]
+    assert len(computed) >= 10 and all(c["evidence"] in results.EVIDENCE for c in computed)
+
+
+def test_a_scoreboard_verdict_that_its_rule_contradicts_is_refused(monkeypatch):
+    data = results.load("scoreboard.json")
+    claim = next(c for c in data["claims"] if c.get("evidence") == "refer_pendulum")
+    assert claim["verdict"] == "not resolved"  # the percentile interval alone would say refuted; t does not
+    monkeypatch.setattr(results, "load", lambda path, _real=results.load: (
+        {**data, "claims": [{**claim, "verdict": "refuted at this scale"}]} if path == "scoreboard.json" else _real(path)))
+    with pytest.raises(ValueError, match="its rule gives 'not resolved'"):
+        results.scoreboard()
+
+
+def test_the_corrected_prose_numbers_come_from_the_json():
+    assert "scores -269 to 492 (the defaults arm's lowest: -269, -205), and 92 of 120" in DOCUMENT
+    assert "ranges 0.64-17.3 over every evaluation and seed" in DOCUMENT
+    assert "10k +49 %" in DOCUMENT and "25k +29 %" in DOCUMENT and "55k -23 %" in DOCUMENT
+    for stale in ("−125 to 492", "0.65-15", "within 15 % of each other"):
+        assert stale not in DOCUMENT
+
+
+def test_r1_is_decided_from_the_fp32_gpu_files():
+    verdict, shown = results.EVIDENCE["r1_gpu"]()
+    assert verdict == "held" and "209× at N = 16, 320× at N = 64" in shown
