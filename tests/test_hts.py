@@ -163,13 +163,13 @@ def test_d4_act_rows_independent():
     t = rng.integers(0, ALPHA, (POP, ENVS)).astype(np.int32)
     # logits of the fixed-shape batch: the policy's float outputs, not only the sampled actions
     logits = jax.jit(lambda o: jax.vmap(lambda w, x: x @ w)(state.learner["w"], o))
-    base, base_logits = np.asarray(act(key, acting, obs, t)), np.asarray(logits(obs))
+    base, base_logits = np.asarray(act(key, acting, obs, t)[0]), np.asarray(logits(obs))  # act: (actions, extras)
     for _ in range(5):
         other = rng.normal(size=obs.shape).astype(np.float32)
         other[1, 2] = obs[1, 2]
         t2 = rng.integers(0, ALPHA, t.shape).astype(np.int32)
         t2[1, 2] = t[1, 2]
-        assert np.asarray(act(key, acting, other, t2))[1, 2] == base[1, 2]
+        assert np.asarray(act(key, acting, other, t2)[0])[1, 2] == base[1, 2]
         assert np.asarray(logits(other))[1, 2].tobytes() == base_logits[1, 2].tobytes()
     loop.driver.interaction.close()
 
