@@ -258,8 +258,8 @@ def default_pbt() -> list[str]:
     line = (f"_{summary['learner']} on {summary['env']}, {summary['driver']}, pop {summary['pop_size']}, seed "
             f"{summary['seed']}: {num(summary['wall_s'])} s of training + {num(summary['compile_s'])} s compile, "
             f"{len(summary.get('lineage', []))} exploits; best evaluation {num(summary['best_return'], 1)}; final "
-            f"IQM over members {num(final['iqm'], 1)} (95 % bootstrap CI over the {final['n']} members "
-            f"{num(final['ci'][0], 1)} to {num(final['ci'][1], 1)})._")
+            f"IQM over the {final['n']} members {num(final['iqm'], 1)} (no interval: PBT's members copy one another, "
+            f"so they are not independent samples; an interval needs independent runs)._")
     return [line, ""] + md([f"env steps / member (n = {len(returns)} members)", "wall s (excl. compile)",
                             "population mean", "IQM", "best member"], rows)
 
