@@ -19,7 +19,7 @@ LAYERS = [
      "popjax.precision", "popjax.compile_cache"),
     ("popjax.distributed", "popjax.population", "popjax.networks"),
     ("popjax.buffers", "popjax.envs"),
-    ("popjax.config", "popjax.rundir", "popjax.checkpoint"),
+    ("popjax.config", "popjax.rundir", "popjax.checkpoint", "popjax.loggers"),
     ("popjax.learners",),
     ("popjax.drivers",),
     ("popjax.loop", "popjax.presets"),
