@@ -72,7 +72,8 @@ def registered():
 
 
 def test_the_update_is_td3_with_hand_computed_weights():
-    """One update equals TD3's core update with the weights computed by hand, bit for bit."""
+    """One update equals TD3's core update with the weights computed by hand (to float32 rounding: the learner
+    computes the weights inside its compiled chunk, the test from Python floats, and they differ in the last bit)."""
     spec = env_spec("probe:pendulum")
     config = td3.TD3Config(hidden=(8,), batch_size=4)
     learner, core = make_spread_td3(config, spec), td3.td3_core(config, spec)
@@ -91,7 +92,7 @@ def test_the_update_is_td3_with_hand_computed_weights():
     expected, _, _ = core.update(keys[2], state, batch, w, hp,
                                  Steps(actor_objective=lambda actor, terms: jnp.mean(w * terms)))
     for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(expected), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(float(metrics["weight_max"]), 0.5 * (1 + 3 / 1.5), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(written[0]), np.asarray(spread(core, new, batch)), rtol=0)
     assert float(jnp.abs(written).max()) > 0  # twin critics of different inits disagree
