@@ -125,10 +125,16 @@ def summarize(runs: dict, env: str, steps: int, refer: str = "refer", baseline: 
 
 
 def summarize_pairs(runs: dict, env: str, steps: int) -> dict:
-    """Every ReF-ER arm against every baseline arm present: ``{"pairs": {"refer - ddpg": summarize(...)}}``."""
+    """Every arm's final returns (raw and normalised, per seed) and every ReF-ER arm against every baseline arm
+    present (``pairs``: ``{"refer - ddpg": summarize(...)}``)."""
+    low, high = NORMALISE[env]
+    final = {arm: [m["eval_return"][-1] for m in run["members"]] for arm, run in runs.items()}
     refers = [a for a in runs if a not in BASELINES]
-    return {"pairs": {f"{r} - {b}": summarize(runs, env, steps, r, b) for r in refers for b in BASELINES
-                      if b in runs}}
+    return {"final_return": final,
+            "final_normalised": {arm: ((np.asarray(v, float) - low) / (high - low)).tolist()
+                                 for arm, v in final.items()},
+            "normalise": [low, high],
+            "pairs": {f"{r} - {b}": summarize(runs, env, steps, r, b) for r in refers for b in BASELINES if b in runs}}
 
 
 def label(arm: str) -> str:
