@@ -179,6 +179,14 @@ def _refer(name: str) -> Callable[[], tuple[str, str]]:
     return evidence
 
 
+def _refer_pace(refer: str, base: str) -> Callable[[], tuple[str, str]]:
+    """ReF-ER arm ``refer`` − ``base`` at N = 2^12 (T/N ≈ 12), final normalised return against −0.1."""
+    def evidence():
+        arms = refer_pace_runs()[4096]
+        return _paired(pace_normalised(arms[refer]), pace_normalised(arms[base]), REFER_MARGIN, digits=2)
+    return evidence
+
+
 HTS_MARGIN = 0.1  # "costs no data efficiency": HTS (Eq. 6) within 10 % of lock-step's mean return below it
 
 
@@ -201,6 +209,8 @@ EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
     "memr_prioritized_hopper": _memr("memr_hopper/results.json", "memr", "memr_uniform", 0.0),
     "refer_pendulum": _refer("pendulum"),
     "refer_hopper": _refer("hopper-v5"),
+    "refer_pace_ddpg": _refer_pace("refer", "ddpg"),
+    "refer_pace_ddpg_d0.2": _refer_pace("refer_d0.2", "ddpg"),
 }
 
 # --- speed -------------------------------------------------------------------------------------------------
@@ -981,12 +991,6 @@ def refer_pace_reading() -> list[str]:
                          f"change {num(v['point'], 2)} (t [{num(v['t'][0], 2)}, {num(v['t'][1], 2)}]): "
                          f"{answer[v['verdict']]}, **{v['verdict']}**.")
     return [" ".join(lines) or "The ReF-ER arms have not finished at both replay sizes."]
-
-def _refer_pace(refer: str, base: str) -> Callable[[], tuple[str, str]]:
-    def evidence():
-        arms = refer_pace_runs()[4096]
-        return _paired(pace_normalised(arms[refer]), pace_normalised(arms[base]), REFER_MARGIN, digits=2)
-    return evidence
 
 
 @table
