@@ -981,15 +981,17 @@ def refer_pace_shrink() -> list[str]:
 def refer_pace_reading() -> list[str]:
     """The answer to "does the gap shrink as T/N grows?", worded from ``pace_shrink``'s verdict."""
     answer = {"held": "ReF-ER gains on it (the gap shrinks)", "refuted at this scale": "the gap grows",
-              "not resolved": "5 seeds do not show a change either way"}
+              "not resolved": "the percentile and t-intervals do not both exclude 0"}
     lines = []
     for base in PACE_BASELINES:
         v = pace_shrink(base)
         if v is not None:
+            change = pace_gap(4096, "refer", base) - pace_gap(16384, "refer", base)
             lines.append(f"Against {PACE_LABEL[base]}: ReF-ER's gap is {num(pace_gap(16384, 'refer', base).mean(), 2)} "
                          f"at T/N ≈ 3 and {num(pace_gap(4096, 'refer', base).mean(), 2)} at T/N ≈ 12; the paired "
-                         f"change {num(v['point'], 2)} (t [{num(v['t'][0], 2)}, {num(v['t'][1], 2)}]): "
-                         f"{answer[v['verdict']]}, **{v['verdict']}**.")
+                         f"change {num(v['point'], 2)} (t [{num(v['t'][0], 2)}, {num(v['t'][1], 2)}]), positive in "
+                         f"{int(np.sum(change > 0))} of {len(change)} seeds: {answer[v['verdict']]}, "
+                         f"**{v['verdict']}**.")
     return [" ".join(lines) or "The ReF-ER arms have not finished at both replay sizes."]
 
 
