@@ -1272,6 +1272,31 @@ def spo_divergence() -> list[str]:
                "actor spread", "naive − two-phase, final, paired [95 % CI]", "wall s"], rows)
 
 
+@table
+def spo_drift() -> list[str]:
+    """SPO-TD3 at real drift (issue 39): per (H, variant) the final return and AUC (mean ± SD, ddof 1), seeds that
+    diverged, the replicas' spread before each average (mean and max over rounds and seeds), and two-phase − naive
+    paired by seed on each score (margin 0: held means naive is worse, the thesis's claim)."""
+    if not (RESULTS / "spo_divergence_drift").exists():
+        return ["Not run yet."]
+    records = runs("spo_divergence_drift", lambda r: r["config"])
+    rows = []
+    for name, r in sorted(records.items(), key=lambda kv: (kv[1]["learner_config"]["local_steps"], kv[0])):
+        spread = np.asarray([s for m in r["spreads"] for s in m], dtype=float)
+        twin = records.get(name.replace("two_phase", "naive"))
+        cells = ["-", "-"]
+        if name.startswith("two_phase") and twin is not None:
+            cells = [verdict_text(stats.paired_verdict(r[k], twin[k], reps=REPS), 0) for k in ("final", "auc")]
+        rows.append([r["learner_config"]["local_steps"], "naive" if r["learner_config"]["naive"] else "two-phase",
+                     mean_sd(r["final"]), mean_sd(r["auc"]), f"{sum(r['diverged'])} / {len(r['diverged'])}",
+                     f"{np.nanmean(spread[:, 1]):.3g} / {np.nanmax(spread[:, 1]):.3g}",
+                     f"{np.nanmean(spread[:, 2]):.3g} / {np.nanmax(spread[:, 2]):.3g}", *cells, num(r["total_s"])])
+    n = next(iter(records.values()))["seeds"]
+    return md(["H", f"variant (n = {n})", "final return", "AUC (mean return over training)", "diverged",
+               "critic spread mean / max", "actor spread mean / max", "two-phase − naive, final",
+               "two-phase − naive, AUC", "wall s"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a table differs")
