@@ -83,6 +83,7 @@ def test_cov_noise_decays_geometrically_to_its_floor():
         np.testing.assert_allclose(state.var, [float(state.cov_noise)] * 2, rtol=1e-6)
 
 
+@pytest.mark.long
 def test_masked_add_keeps_valid_rows_in_order_and_wraps():
     buffer = make_uniform_buffer(capacity=5, batch_size=2)
     state = buffer.init({"x": jnp.zeros((), jnp.float32)})
@@ -112,6 +113,7 @@ def test_bad_options_fail_before_compiling(bad, message, tmp_path):
         popjax.train(out_dir=tmp_path, **{**TINY, **bad})
 
 
+@pytest.mark.long
 def test_tiny_cemrl_run_writes_the_run_directory(tmp_path):
     run = popjax.train(out_dir=tmp_path, **TINY)
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())

@@ -56,6 +56,7 @@ def test_counter_sees_eager_ops_and_host_reads():
     assert (counter.executions, counter.host_reads) == (3, 1)
 
 
+@pytest.mark.long
 def test_dispatch_study_fields(tmp_path):
     payload = dispatch.run(pops=(1,), iterations=10, count_iterations=3, out_dir=str(tmp_path), **TINY)
     path = tmp_path / f"dispatch_{jax.default_backend()}.json"

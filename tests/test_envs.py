@@ -139,6 +139,7 @@ def test_gym_and_jax_paths_share_spec_and_transition_layout(gym_name, probe_name
     assert shapes_dtypes(t_host) == shapes_dtypes(t_jax) == shapes_dtypes(batched_dummy)
 
 
+@pytest.mark.long
 def test_brax_inverted_pendulum_spec_vec_env_and_termination():
     spec = registry.env_spec("brax:inverted_pendulum")
     assert (spec.obs_shape, spec.action_dim, spec.action_low, spec.action_high, spec.max_episode_steps) == (

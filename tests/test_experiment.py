@@ -20,6 +20,7 @@ def tiny_run(tmp_path_factory):
     return popjax.train(out_dir=out, logger=["tensorboard"], **TINY)
 
 
+@pytest.mark.long
 def test_run_directory_has_the_documented_files(tiny_run):
     out = tiny_run.out_dir
     config = yaml.safe_load((out / "config.yaml").read_text())

@@ -160,6 +160,7 @@ def test_train_under_a_file_or_a_read_only_folder_writes_nothing(tmp_path, capsy
     assert list(locked.iterdir()) == [] and (tmp_path / "notes").read_text() == "keep"
 
 
+@pytest.mark.long
 def test_a_write_that_fails_mid_run_is_one_line(run_copy, capsys, monkeypatch):
     def full(self, rows):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.metrics_path))

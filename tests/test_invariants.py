@@ -362,6 +362,7 @@ def member_program(learner, spec, config, extended: bool = False):
     return program
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("name", "env", "extended"), list(vmap_cases()))
 def test_vmap_equals_the_per_member_loop(name, env, extended):
     definition = LEARNERS[name]
@@ -436,6 +437,7 @@ def train_on_with_changed_hparams(learner: str, options: dict[str, Any], compile
         close(loop)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("learner", "driver"), [pair_param(*pair) for pair in ACCEPTED])
 def test_traces_once_across_hparam_changes_and_resume_is_exact(learner, driver, compilers, tmp_path):
     options = run_options(learner, driver)

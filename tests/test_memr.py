@@ -73,6 +73,7 @@ def held_out_nll(core, params, batch) -> float:
                            jnp.ones(batch.reward.shape)))
 
 
+@pytest.mark.long
 def test_model_fit_reduces_held_out_nll_on_a_known_linear_system():
     c = config(model_update_every=8, model_epochs=25, batch_size=64)
     core = memr_core(c, SPEC)
@@ -96,6 +97,7 @@ def test_model_fit_reduces_held_out_nll_on_a_known_linear_system():
     assert bool(jnp.all(logit < 0))  # nothing terminates
 
 
+@pytest.mark.long
 def test_model_nll_is_the_gaussian_nll_by_hand():
     core = memr_core(config(ensemble=1, model_hidden=(4,)), SPEC)
     params = core.model_net.init(jax.random.key(0), jnp.zeros((1, 5)))
@@ -117,6 +119,7 @@ def refit_gain(data: np.ndarray, t: float) -> float:
     return 0.5 * math.log(np.var(np.append(data, t)) / np.var(data))
 
 
+@pytest.mark.long
 def test_m1_priority_by_hand_nonnegative_and_zero_at_the_mean():
     p = entropy_priority(jnp.array([1.0, 2.0]), jnp.array([0.0, 0.0]), jnp.log(jnp.array([1.0, 2.0])))
     assert float(p) == pytest.approx(0.5 * 1.0 + 0.5 * (2.0 / 2.0) ** 2)
@@ -151,6 +154,7 @@ def test_m1_priority_ranks_candidates_exactly_like_the_refit_entropy_gain():
 
 
 # --- M2: the segmented model buffer ---------------------------------------------------------------------------
+@pytest.mark.long
 def test_m2_a_batch_never_mixes_segments_and_carries_the_segment_weights():
     segments, rows = 3, 6
     example = jnp.zeros(2)
@@ -178,6 +182,7 @@ def test_m2_only_written_segments_are_sampled():
         assert int(segment) == 0 and bool(jnp.all(items > 0))
 
 
+@pytest.mark.long
 def test_m2_memr_writes_the_sources_weights_of_its_sampling_distribution():
     """One chunk from a prioritized source: segment h holds batch h's importance weights (N P)^-beta / max w."""
     c = config()
@@ -201,6 +206,7 @@ def test_m2_memr_writes_the_sources_weights_of_its_sampling_distribution():
 
 
 # --- M3: IS weights enter the Q loss only ---------------------------------------------------------------------
+@pytest.mark.long
 def test_m3_weights_change_the_q_gradient_never_the_policy_gradient():
     core, hp = CORE, hparams()
     state = INIT(jax.random.key(0), hp)
@@ -219,6 +225,7 @@ def test_m3_weights_change_the_q_gradient_never_the_policy_gradient():
     assert float(m1["actor_loss"]) == float(m2["actor_loss"])
 
 
+@pytest.mark.long
 def test_m3_in_a_memr_step_the_weights_reach_the_critic_only():
     hp = hparams()
     state = INIT(jax.random.key(0), hp)
@@ -243,6 +250,7 @@ def rollout_terminations(termination: str, env_name: str) -> np.ndarray:
     return np.asarray(state.rollouts.data.terminated[0])
 
 
+@pytest.mark.long
 def test_known_terminations_replace_the_learned_logit():
     learned = rollout_terminations("learned", "probe:pendulum")
     assert 0 < learned.sum() < M  # the untrained logit ends some rollouts and not others
@@ -259,6 +267,7 @@ def test_memr_and_sac_start_from_the_same_sac_networks():
     assert_trees_equal(INIT(key, hparams()).sac, sac_state)
 
 
+@pytest.mark.long
 def test_uniform_start_states_ignore_the_weights_and_declare_no_priorities():
     c = config(start_states="uniform")
     learner = make_memr(c, SPEC)

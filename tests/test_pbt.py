@@ -263,6 +263,7 @@ def counted_td3(monkeypatch) -> list:
     return traces
 
 
+@pytest.mark.long
 def test_no_retrace_after_exploit(monkeypatch):
     """The iteration is traced once although PBT changed every hparam value (incl. int32 delay)."""
     from popjax.config import make_config
@@ -347,6 +348,7 @@ def enable_xla_cache():
     return path
 
 
+@pytest.mark.long
 def test_pbt_run_records_lineage_hparams_and_plots(tmp_path, monkeypatch):
     import popjax
 

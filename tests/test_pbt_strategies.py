@@ -85,6 +85,7 @@ def release_config(**kw):
                      optimizer_state=(("actor_opt", "actor"), ("critic_opt", "critic")), **kw)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("reset", [False, True])
 def test_policy_copy_leaves_the_critic_and_buffer_untouched(reset):
     states, hp = td3_states()
@@ -297,6 +298,7 @@ def kill_and_resume(run, tmp_path):
 
 # PB2 (host state that must resume) runs by default; the others behind `slow` (make test-slow), to keep the
 # default suite within its time.
+@pytest.mark.long
 @pytest.mark.parametrize("name", [name if name == "pb2" else pytest.param(name, marks=pytest.mark.slow)
                                   for name in STRATEGIES])
 def test_strategy_runs_traced_once_and_resumes_exactly(name, tmp_path, compilers):
@@ -349,6 +351,7 @@ def csv_rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.long
 def test_lineage_csv_has_every_member_at_every_round(pbt_run):
     rows = csv_rows(pbt_run.out_dir / "lineage.csv")
     assert list(rows[0])[:5] == ["round", "member", "parent", "fitness", "env_steps"] and "actor_lr" in rows[0]
@@ -360,6 +363,7 @@ def test_lineage_csv_has_every_member_at_every_round(pbt_run):
     assert (pbt_run.out_dir / "plots" / "pbt_lineage.png").stat().st_size > 10_000
 
 
+@pytest.mark.long
 def test_schedule_replay_reproduces_the_best_members_hparams_at_every_round(pbt_run, tmp_path, capsys):
     import yaml
 
@@ -438,6 +442,7 @@ def check_relations(hp):
     return table
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("explore", ["resample", "perturb"])
 def test_constraints_are_never_violated_in_10k_draws(explore):
     from popjax.drivers.pbt_round import initial_hparams

@@ -45,6 +45,7 @@ def filled_population(learner, pop_size=POP):
     return population, state, Experience(items, jnp.zeros(pop_size), jnp.zeros(pop_size), items.terminated > 0), buffer
 
 
+@pytest.mark.long
 def test_population_train_equals_each_member_trained_alone():
     learner = td3.make_td3(CONFIG, SPEC)
     population, state, rollout, buffer = filled_population(learner)

@@ -31,6 +31,7 @@ def xla_cache():
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("learner", ["td3", "sac", "dqn"])
 def test_prioritized_run_trains_and_priorities_change(learner):
     env = {"env": "probe:cartpole"} if learner == "dqn" else {}
@@ -75,6 +76,7 @@ def test_prioritized_replay_is_refused_where_it_is_not_supported():
         make_config(learner="td3", driver="cemrl", **BASE)
 
 
+@pytest.mark.long
 def test_pbt_with_prioritized_replay_resumes_exactly(tmp_path):
     """PBT copies prioritized buffers with their trees; a kill and ``resume`` restores them leaf for leaf."""
     opts = dict(BASE, learner="td3", pop_size=4, checkpoint_interval=50, driver="pbt",

@@ -92,6 +92,7 @@ def run_large_batch(opt: optax.GradientTransformation, steps: int = 5):
     return params, state
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_l1a_local_sgd_with_h1_is_large_batch_sgd(replicas):
     opt = optax.sgd(0.1)
@@ -140,6 +141,7 @@ def rounds(c, state, hp, n: int, seed: int = 0):
     return out
 
 
+@pytest.mark.long
 def test_l2_targets_frozen_inside_rounds_and_copied_from_averaged_params():
     for name in ("spo_dqn", "spo_td3"):
         c = make(name, replicas=2, local_steps=3, target_rounds=2)
@@ -176,6 +178,7 @@ def dqn_round_by_hand(c, state, keys, batches, hp, local_selector: bool):
     return mean_over(finals)
 
 
+@pytest.mark.long
 def test_l4_spo_dqn_selects_target_actions_with_the_last_averaged_network():
     c = make("spo_dqn", replicas=2, local_steps=4, target_rounds=100)
     hp = with_values(c.hparams, lr=0.05)
@@ -260,6 +263,7 @@ def td3_round_by_hand(c, state, keys, batches, hp, critic_for_actor=None):
     return critic, critic_opt, actor, actor_opt
 
 
+@pytest.mark.long
 def test_l3_spo_td3_actor_phase_reuses_the_round_batches_against_the_averaged_critic():
     c = make("spo_td3", replicas=2, local_steps=3, target_rounds=100)
     hp = with_values(c.hparams, actor_lr=0.01, critic_lr=0.01)
@@ -318,6 +322,7 @@ MEMBERS = {"spo_dqn": [dict(), dict(lr=1e-2, discount=0.9), dict(lr=1e-3, epsilo
            "spo_td3": [dict(), dict(actor_lr=1e-3, critic_lr=1e-2, discount=0.9), dict(target_noise=0.5)]}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["spo_dqn", "spo_td3"])
 def test_vmapped_population_equals_per_member_loop(name):
     c = make(name, replicas=2, local_steps=2, target_rounds=1)
@@ -370,6 +375,7 @@ def test_local_steps_must_divide_the_updates_per_iteration(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("learner,env", [("spo_dqn", "probe:cartpole"), ("spo_td3", "probe:pendulum")])
 def test_a_population_of_spo_learners_trains(learner, env, tmp_path):
     run = popjax.train(learner=learner, out_dir=tmp_path / "run",
