@@ -137,6 +137,7 @@ def test_memory_fit_search_with_a_given_limit(update_json):
     assert update.largest_population(p, limit_bytes=one - 1)["largest_pop"] == 0  # not even one member fits
 
 
+@pytest.mark.long
 def test_per_point_budget_skips_larger_n_never_times_fewer_calls(tmp_path):
     payload = update.run(learners=("td3",), pops=(1, 2, 4), impls=("vmap",), batch_size=8, k=2,
                          max_seconds=1e-6, memory_fit=False, out_dir=tmp_path, plot=False, **TINY)
@@ -194,6 +195,7 @@ def test_compile_study_fields(out):
         assert r["compile_s"] >= r["xla_compile_s"]
 
 
+@pytest.mark.long
 def test_envstep_study_fields(out):
     envstep.run(learners=("td3",), gym_envs=("Pendulum-v1",), brax_envs=("probe:pendulum",), pops=(2,), steps=5,
                 out_dir=out, **TINY)
@@ -292,6 +294,7 @@ def test_per_study_through_the_cli(tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.long
 def test_per_budget_skips_the_larger_batches(tmp_path):
     payload = per.run(branching=(2,), capacity=(100,), batch=(8, 64), population=2, max_seconds=0.0, min_time=0.0,
                       out_dir=tmp_path, plot=False)

@@ -16,6 +16,7 @@ def rows(start, n):
                       terminated=jnp.zeros(n))
 
 
+@pytest.mark.long
 def test_wraps_around_overwriting_oldest_rows_first():
     buf = make_uniform_buffer(capacity=5, batch_size=2)
     state = buf.init(dummy_transition(SPEC))

@@ -26,6 +26,7 @@ def test_elite_weights_are_normalised_log_weights():
     np.testing.assert_allclose(cem.elite_weights(4, "uniform"), [0.25] * 4)
 
 
+@pytest.mark.long
 def test_ask_is_mirrored_about_the_mean_with_the_given_variance():
     config = cem.CEMConfig(pop_size=6, n_elites=3)
     dim = 20_000

@@ -119,6 +119,7 @@ def test_host_same_seed_same_trajectory_across_auto_reset():
 # --- both paths agree -------------------------------------------------------------------------
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("gym_name, probe_name", [("gym:Pendulum-v1", "probe:pendulum"),
                                                   ("gym:CartPole-v1", "probe:cartpole")])
 def test_gym_and_jax_paths_share_spec_and_transition_layout(gym_name, probe_name):

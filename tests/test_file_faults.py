@@ -69,6 +69,7 @@ def damage_row(run, line=3, text="garbage,,x"):
     (run / "metrics.csv").write_text("".join(lines))
 
 
+@pytest.mark.long
 def test_plot_when_the_plots_folder_is_a_file(run_copy, capsys):
     shutil.rmtree(run_copy / "plots")
     (run_copy / "plots").write_text("my notes")

@@ -145,6 +145,7 @@ def test_d2_seed_decides(compiler):
     assert first[1] != other[1] and first[0][0] != other[0][0]
 
 
+@pytest.mark.long
 def test_d3_alpha_changes_results():
     a = run_hashes(make_loop(alpha=4, segments=4, actors=2), 4)
     b = run_hashes(make_loop(alpha=8, segments=2, actors=2), 2)
@@ -332,6 +333,7 @@ def test_executor_failure_stops_with_checkpoint_and_resume_is_exact(tmp_path, mo
     assert resumed.summary["final_returns"] == whole.summary["final_returns"]
 
 
+@pytest.mark.long
 def test_cli_reports_failure(tmp_path, capsys):
     from popjax.cli import main
 

@@ -175,6 +175,7 @@ def test_m2_a_batch_never_mixes_segments_and_carries_the_segment_weights():
     assert seen == {0, 1, 2}
 
 
+@pytest.mark.long
 def test_m2_only_written_segments_are_sampled():
     state = segmented_write(segmented_init(5, 4, jnp.zeros(())), jnp.arange(4.0) + 1, jnp.ones(4))
     for i in range(50):

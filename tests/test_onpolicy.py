@@ -77,6 +77,7 @@ def hand_trajectory() -> Trajectory:
     return Trajectory(transitions, jnp.asarray(ENDED))
 
 
+@pytest.mark.long
 def test_behaviour_batch_is_the_flat_time_major_trajectory_with_its_gae():
     batch = onpolicy.behaviour_batch(ObsNet, None, hand_trajectory(), GAMMA, LAM)
     # flat index = t * envs + e
@@ -139,6 +140,7 @@ def test_a2c_truncated_is_loss_by_hand():
     np.testing.assert_allclose(loss, pg + 0.5 * VALUE_LOSS - 0.01 * ENTROPY, rtol=1e-6)
 
 
+@pytest.mark.long
 def test_truncated_is_scales_the_policy_gradient_by_the_truncation():
     """On-policy (mu = pi) every ratio is 1: is_clip >= 1 gives A2C's gradient, is_clip = 0.5 half of its
     policy-gradient part (no value or entropy term here)."""
@@ -228,6 +230,7 @@ print("initialised")
 """
 
 
+@pytest.mark.long
 def test_a_population_of_orthogonally_initialised_members_initialises_without_deadlock():
     """Regression: a vmapped init of 8 PPO members (17-d obs, 6-d actions) deadlocked in jaxlib's batched QR on
     a 2-thread CPU pool, every time; members are now initialised one after the other. A fresh process, so a
@@ -309,6 +312,7 @@ def test_a2c_truncated_is_takes_the_gradient_at_the_current_params(kind):
     assert float(metrics["is_weight"]) < 1.0  # another policy collected the data: weights truncated below 1
 
 
+@pytest.mark.long
 def test_ppo_takes_old_log_probs_and_advantages_from_the_behaviour_state():
     definition, learner, spec = tiny("ppo", "discrete", epochs=1, minibatches=1, normalize_advantages=False)
     net = onpolicy.network((8, 8), spec)

@@ -25,6 +25,7 @@ def sigma(fitness, k=0.1, margin=0.05):
     return np.flatnonzero(np.asarray(loser)).tolist(), sorted(np.asarray(order)[: int(leaders)].tolist())
 
 
+@pytest.mark.long
 def test_sigma_threshold_selects_what_the_hand_computation_names():
     # o = 0..7: mean 3.5, std 2.291288; k = 0.1 -> cuts 3.729129 / 3.270871
     assert sigma(np.arange(8.0)) == ([0, 1, 2, 3], [4, 5, 6, 7])
@@ -35,6 +36,7 @@ def test_sigma_threshold_selects_what_the_hand_computation_names():
     assert sigma([0.50, 0.52, 0.55, 0.60], margin=0.025) == ([0], [3])  # lower 0.5175
 
 
+@pytest.mark.long
 def test_sigma_losers_copy_a_leader_or_keep_their_weights():
     state, hp = toy_population(8)
     config = PBTConfig(selection="sigma", threshold_std=1.0, threshold_abs=0.05, search_space=TD3_SPACE)
@@ -201,6 +203,7 @@ def toy_pbt(propose, seed, rounds=10, pop=8):
     return float(np.mean(gains[4:]))  # after the first two rounds (no data yet: both pick at random)
 
 
+@pytest.mark.long
 def test_pb2_proposes_better_points_than_random_resampling():
     random = lambda bandit, contexts, rng: [rng.uniform(size=2) for _ in contexts]
     gp = lambda bandit, contexts, rng: bandit.propose(contexts, rng)

@@ -97,6 +97,7 @@ def test_population_step_traces_once_across_hparam_changes():
     assert train._cache_size() == 1
 
 
+@pytest.mark.long
 def test_fixed_policy_delay_chunks_equal_the_traced_gate():
     """TD3 with ``fixed_policy_delay`` (d - 1 critic-only steps, then one full step) = the traced gate."""
     import dataclasses

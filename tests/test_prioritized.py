@@ -81,6 +81,7 @@ def test_q1_sampled_histogram_matches_priorities_to_the_alpha(branching, alpha):
     np.testing.assert_allclose(probabilities, expected[np.asarray(indices)], rtol=1e-5)
 
 
+@pytest.mark.long
 @HYP
 @given(branching=st.sampled_from(BRANCHINGS), capacity=st.sampled_from(CAPACITIES[1:]), data=st.data())
 def test_q2_zero_priority_and_padded_leaves_are_never_sampled(branching, capacity, data):

@@ -52,6 +52,7 @@ def _replayed(key, learner, state, hp, offset: float = 0.0, stored=None) -> Repl
 
 
 # --- E1: rho against scipy ------------------------------------------------------------------------------
+@pytest.mark.long
 def test_e1_rho_matches_scipy_densities_and_is_clipped():
     rng = np.random.default_rng(0)
     u, m_pi, m_mu = (rng.normal(size=(5, 3)) * 0.3 for _ in range(3))
@@ -178,6 +179,7 @@ def test_e5_task_gradient_is_the_near_sum_over_b():
 
 
 # --- E6: the KL ---------------------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_e6_kl_closed_form_against_monte_carlo_grad_and_the_papers_bounds():
     rng = np.random.default_rng(1)
     m_p, m_q = rng.normal(size=3) * 0.5, rng.normal(size=3) * 0.5
@@ -297,6 +299,7 @@ def test_e9_rho_refreshed_only_at_sampled_rows_and_far_fraction_with_current_c_m
 
 
 # --- E10: members with different (C, D, beta) under vmap equal a loop ----------------------------------------------
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["td3", "sac"])
 def test_e10_vmapped_members_equal_a_loop(kind):
     learner = _learner(kind)
@@ -390,6 +393,7 @@ def test_exploited_members_recompute_every_stored_rho():
     assert_trees_equal(member(out.buffer, 1), replays[1])
 
 
+@pytest.mark.long
 def test_hts_driver_stores_the_behaviour_and_writes_rho_back(tmp_path):
     import popjax
 

@@ -141,6 +141,7 @@ def test_topology_steps_keep_exact_nnz_and_change_the_support(topology):  # U2/U
             assert (np.asarray(before) != np.asarray(after)).any()
 
 
+@pytest.mark.long
 def test_no_topology_step_after_the_end():  # U3
     learner, _ = make(dst_end=5)
     hp = hparams()

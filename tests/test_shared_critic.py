@@ -90,6 +90,7 @@ def trained_state(hp):
     return TRAIN(step_keys(1, (K, POP)), initial_state(hp), batches(2, (K, POP, CONFIG.batch_size)), hp)[0]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("delay", [1, 2])
 def test_one_member_equals_single_agent_td3(delay):
     hp = population_hparams(td3.default_hparams(), 1, {"policy_delay": delay, "discount": 0.9, "tau": 0.05})

@@ -57,6 +57,7 @@ def test_kept_counts_floor_the_masked_entries():
     np.testing.assert_array_equal(counts, [100 - int(0.745 * 100), 30])
 
 
+@pytest.mark.long
 def test_keep_largest_with_traced_count_and_stable_ties():
     scores = jnp.asarray([[3.0, 1.0, 3.0], [0.0, 5.0, -1.0]])
     picked = jax.jit(sparse.keep_largest)(scores, jnp.int32(3))
@@ -73,6 +74,7 @@ def drop_grow_case():
     return weight, mask, grad
 
 
+@pytest.mark.long
 def test_drop_and_grow_by_hand():  # U2
     weight, mask, grad = drop_grow_case()
     new_w, new_m = sparse.drop_and_grow(weight, mask, grad, 0.5)

@@ -102,6 +102,7 @@ def test_l1a_local_sgd_with_h1_is_large_batch_sgd(replicas):
         assert_trees_close(member(params, r), expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.long
 def test_l1b_momentum_buffers_averaged_equal_large_batch_momentum_sgd():
     opt = optax.sgd(0.1, momentum=0.9)
     expected = run_large_batch(opt)
@@ -387,6 +388,7 @@ def test_a_population_of_spo_learners_trains(learner, env, tmp_path):
     assert int(run.state.learner.steps[0]) == (200 - 50) // 10 * 10  # K = 10 local steps (2 rounds) per iteration
 
 
+@pytest.mark.long
 def test_spo_resume_equals_uninterrupted_run(tmp_path):
     options = {**RUN, "learner": "spo_dqn", "learner_config": {"hidden": [8], "local_steps": 5, "target_rounds": 2}}
     full, resumed = train_cut_and_resume(tmp_path, options, cut_env_steps=100)
@@ -394,6 +396,7 @@ def test_spo_resume_equals_uninterrupted_run(tmp_path):
     assert_trees_equal(resumed.state, full.state)
 
 
+@pytest.mark.long
 def test_spo_dqn_solves_the_chain_probe(tmp_path):
     # reward 1 for action 2 of 3 (as test_learning's DQN check), with 2 replicas averaging every 5 steps
     run = popjax.train(learner="spo_dqn", env="probe:chain", total_env_steps=1000, eval_interval=1000, pop_size=2,
@@ -411,6 +414,7 @@ def test_replica_spread_is_the_relative_rms_drift_from_the_replica_mean():
     assert float(spo.replica_spread({"w": jnp.ones((3, 4))})) == 0.0
 
 
+@pytest.mark.long
 def test_spo_rounds_log_the_spread_of_the_replicas_before_they_are_averaged():
     c = make("spo_td3", replicas=2, local_steps=3, target_rounds=2)
     hp = c.hparams

@@ -40,6 +40,7 @@ def make(name: str, **config):
     return definition, config, spec, definition.make(config, spec)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["spo_dqn", "spo_td3"])
 def test_unit_weights_equal_the_unweighted_round_and_td_abs_per_row(name):
     definition, config, spec, learner = make(name, replicas=2, local_steps=3, target_rounds=1)
