@@ -179,6 +179,14 @@ def _refer(name: str) -> Callable[[], tuple[str, str]]:
     return evidence
 
 
+def _refer_pace(refer: str, base: str) -> Callable[[], tuple[str, str]]:
+    """ReF-ER arm ``refer`` − ``base`` at N = 2^12 (T/N ≈ 12), final normalised return against −0.1."""
+    def evidence():
+        arms = refer_pace_runs()[4096]
+        return _paired(pace_normalised(arms[refer]), pace_normalised(arms[base]), REFER_MARGIN, digits=2)
+    return evidence
+
+
 HTS_MARGIN = 0.1  # "costs no data efficiency": HTS (Eq. 6) within 10 % of lock-step's mean return below it
 
 
@@ -201,6 +209,8 @@ EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
     "memr_prioritized_hopper": _memr("memr_hopper/results.json", "memr", "memr_uniform", 0.0),
     "refer_pendulum": _refer("pendulum"),
     "refer_hopper": _refer("hopper-v5"),
+    "refer_pace_ddpg": _refer_pace("refer", "ddpg"),
+    "refer_pace_ddpg_d0.2": _refer_pace("refer_d0.2", "ddpg"),
 }
 
 # --- speed -------------------------------------------------------------------------------------------------
@@ -844,9 +854,145 @@ def refer_hopper_early() -> list[str]:
     runs_ = load("refer_learning_hopper-v5.json")["runs"]
     steps = runs_["td3"]["members"][0]["env_steps"]
     td3, refer = (np.array([m["eval_return"] for m in runs_[a]["members"]]).mean(0) for a in ("td3", "refer"))
-    cells = [f"{x // 1000}k {100 * (r / t - 1):+.0f} %" for x, t, r in zip(steps, td3, refer, strict=True) if x <= 60_000]
+    cells = [f"{x // 1000}k {100 * (r / t - 1):+.0f} %" for x, t, r in zip(steps, td3, refer, strict=True)
+             if x <= 60_000]
     return ["ReF-ER's mean return relative to TD3's, (ReF-ER − TD3) / TD3 at each evaluation up to 60k: "
             + ", ".join(cells) + "."]
+
+
+# --- ReF-ER at its pace (issue 39): N = 2^12 against the N = 2^14 runs -----------------------------------------
+
+REFER_PACE = {16384: ("refer_learning_pendulum.json", "refer_learning_pace_n16384_pendulum.json"),
+              4096: ("refer_learning_pace_pendulum.json",)}
+PACE_LABEL = {"td3": "TD3", "ddpg": "DDPG-style", "refer": "ReF-ER, D = 0.1", "refer_d0.2": "ReF-ER, D = 0.2"}
+PACE_BASELINES = ("td3", "ddpg")
+
+
+def refer_pace_runs() -> dict[int, dict[str, dict]]:
+    """``{N: {arm: run}}`` of the Pendulum ReF-ER runs at each replay size N (5 seeds, 50k steps, the same run seed:
+    seed i of every arm and every N starts from the same parameters), from the files that exist."""
+    out = {}
+    for n, files in REFER_PACE.items():
+        arms = {}
+        for f in files:
+            if (RESULTS / f).exists():
+                arms.update(load(f)["runs"])
+        out[n] = arms
+    return out
+
+
+def pace_normalised(run: dict) -> np.ndarray:
+    low, high = load("refer_learning_pendulum.json")["summary"]["normalise"]
+    return (np.array([m["eval_return"][-1] for m in run["members"]], dtype=float) - low) / (high - low)
+
+
+def pace_turnover(n: int) -> str:
+    steps = load("refer_learning_pendulum.json")["steps"]
+    return f"N = 2^{int(np.log2(n))} (T/N ≈ {steps / n:.0f})"
+
+
+def pace_after(member: dict, key: str) -> list[float]:
+    """``member[key]`` at the evaluations after the first 20 % of the 50k steps."""
+    return [v for s, v in zip(member["env_steps"], member[key], strict=True) if s > 0.2 * member["env_steps"][-1]]
+
+
+@table
+def refer_pace_seeds() -> list[str]:
+    """Per replay size and arm: each seed's final return, the mean ± SD (ddof 1) raw and normalised, the
+    replay-averaged KL after 20 % (mean ± SD of the seed means) and ReF-ER's far-fraction range after 20 %."""
+    rows = []
+    for n, arms in refer_pace_runs().items():
+        for arm, run in arms.items():
+            final = [m["eval_return"][-1] for m in run["members"]]
+            kl = [float(np.mean(pace_after(m, "kl"))) for m in run["members"]]
+            far = [f for m in run["members"] for f in pace_after(m, "far_fraction")] if arm.startswith("refer") else []
+            rows.append([pace_turnover(n), PACE_LABEL[arm], seeds(final), mean_sd(final),
+                         mean_sd(pace_normalised(run), 2), mean_sd(kl, 3 if arm.startswith("refer") else 2),
+                         f"{num(min(far), 3)} - {num(max(far), 3)}" if far else "—"])
+    return md(["replay", "arm", "final return, seeds 0-4", "mean ± SD (n = 5)", "normalised", "KL after 20 %",
+               "far fraction after 20 %"], rows)
+
+
+@table
+def refer_pace_curve() -> list[str]:
+    """Means over the seeds at every evaluation at N = 2^12: each arm's return, each ReF-ER arm's far fraction and
+    beta."""
+    arms = refer_pace_runs()[4096]
+    steps = next(iter(arms.values()))["members"][0]["env_steps"]
+    shown = [(arm, "eval_return", "return", 0) for arm in arms] + \
+        [(arm, key, what, 3) for arm in arms if arm not in PACE_BASELINES
+         for key, what in (("far_fraction", "far fraction"), ("beta", "beta"))]
+    rows = [[f"{PACE_LABEL[arm]} {what}"] + [num(float(np.mean([m[key][i] for m in arms[arm]["members"]])), digits)
+                                             for i in range(len(steps))] for arm, key, what, digits in shown]
+    return md(["N = 2^12, means of the seeds"] + [f"{s // 1000}k" for s in steps], rows)
+
+
+def pace_gap(n: int, refer: str, base: str) -> np.ndarray:
+    """ReF-ER arm ``refer`` − ``base``, final normalised return per seed, at replay size ``n``."""
+    arms = refer_pace_runs()[n]
+    return pace_normalised(arms[refer]) - pace_normalised(arms[base])
+
+
+def pace_pairs() -> list[tuple[int, str, str]]:
+    return [(n, r, b) for n, arms in refer_pace_runs().items() for r in arms if r not in PACE_BASELINES
+            for b in PACE_BASELINES if b in arms]
+
+
+@table
+def refer_pace_gaps() -> list[str]:
+    """Each ReF-ER arm − each baseline at each replay size: final normalised return paired by seed, against the
+    spec's −0.1 margin (``stats.paired_verdict``: the more conservative of the percentile bootstrap and the
+    t-interval)."""
+    rows = []
+    for n, r, b in pace_pairs():
+        arms = refer_pace_runs()[n]
+        v = stats.paired_verdict(pace_normalised(arms[r]), pace_normalised(arms[b]), REFER_MARGIN, reps=REPS)
+        rows.append([pace_turnover(n), f"{PACE_LABEL[r]} − {PACE_LABEL[b]}", seeds(pace_gap(n, r, b), 2),
+                     verdict_text(v, 2)])
+    return md(["replay", "difference", "per seed", "mean (95 % intervals) against −0.1: verdict"], rows)
+
+
+def pace_shrink(base: str) -> dict | None:
+    """Does ReF-ER's (D = 0.1) gap to ``base`` shrink from T/N ≈ 3 to T/N ≈ 12? ``stats.paired_verdict`` of the
+    gap at N = 2^12 against the gap at N = 2^14, paired by seed (same run seed at both sizes), margin 0: held
+    means the gap at T/N ≈ 12 is larger (less negative); None until both sizes have the arms."""
+    runs_ = refer_pace_runs()
+    if not all({"refer", base} <= set(runs_[n]) for n in runs_):
+        return None
+    return stats.paired_verdict(pace_gap(4096, "refer", base), pace_gap(16384, "refer", base), 0.0, reps=REPS)
+
+
+@table
+def refer_pace_shrink() -> list[str]:
+    """The change of ReF-ER's (D = 0.1) gap to each baseline from N = 2^14 to N = 2^12, paired by seed."""
+    rows = []
+    for base in PACE_BASELINES:
+        v = pace_shrink(base)
+        if v is not None:
+            rows.append([f"ReF-ER − {PACE_LABEL[base]}", num(pace_gap(16384, "refer", base).mean(), 2),
+                         num(pace_gap(4096, "refer", base).mean(), 2),
+                         seeds(pace_gap(4096, "refer", base) - pace_gap(16384, "refer", base), 2),
+                         verdict_text(v, 2)])
+    return md(["gap (normalised)", "T/N ≈ 3", "T/N ≈ 12", "change per seed", "change (95 % intervals) against 0: "
+               "the gap shrinks"], rows)
+
+
+@table
+def refer_pace_reading() -> list[str]:
+    """The answer to "does the gap shrink as T/N grows?", worded from ``pace_shrink``'s verdict."""
+    answer = {"held": "ReF-ER gains on it (the gap shrinks)", "refuted at this scale": "the gap grows",
+              "not resolved": "the percentile and t-intervals do not both exclude 0"}
+    lines = []
+    for base in PACE_BASELINES:
+        v = pace_shrink(base)
+        if v is not None:
+            change = pace_gap(4096, "refer", base) - pace_gap(16384, "refer", base)
+            lines.append(f"Against {PACE_LABEL[base]}: ReF-ER's gap is {num(pace_gap(16384, 'refer', base).mean(), 2)} "
+                         f"at T/N ≈ 3 and {num(pace_gap(4096, 'refer', base).mean(), 2)} at T/N ≈ 12; the paired "
+                         f"change {num(v['point'], 2)} (t [{num(v['t'][0], 2)}, {num(v['t'][1], 2)}]), positive in "
+                         f"{int(np.sum(change > 0))} of {len(change)} seeds: {answer[v['verdict']]}, "
+                         f"**{v['verdict']}**.")
+    return [" ".join(lines) or "The ReF-ER arms have not finished at both replay sizes."]
 
 
 @table
@@ -1124,6 +1270,31 @@ def spo_divergence() -> list[str]:
     n = next(iter(records.values()))["seeds"] if records else 0
     return md(["H", "opt_state", f"variant (n = {n})", "final return ± SD", "diverged", "critic spread",
                "actor spread", "naive − two-phase, final, paired [95 % CI]", "wall s"], rows)
+
+
+@table
+def spo_drift() -> list[str]:
+    """SPO-TD3 at real drift (issue 39): per (H, variant) the final return and AUC (mean ± SD, ddof 1), seeds that
+    diverged, the replicas' spread before each average (mean and max over rounds and seeds), and two-phase − naive
+    paired by seed on each score (margin 0: held means naive is worse, the thesis's claim)."""
+    if not (RESULTS / "spo_divergence_drift").exists():
+        return ["Not run yet."]
+    records = runs("spo_divergence_drift", lambda r: r["config"])
+    rows = []
+    for name, r in sorted(records.items(), key=lambda kv: (kv[1]["learner_config"]["local_steps"], kv[0])):
+        spread = np.asarray([s for m in r["spreads"] for s in m], dtype=float)
+        twin = records.get(name.replace("two_phase", "naive"))
+        cells = ["-", "-"]
+        if name.startswith("two_phase") and twin is not None:
+            cells = [verdict_text(stats.paired_verdict(r[k], twin[k], reps=REPS), 0) for k in ("final", "auc")]
+        rows.append([r["learner_config"]["local_steps"], "naive" if r["learner_config"]["naive"] else "two-phase",
+                     mean_sd(r["final"]), mean_sd(r["auc"]), f"{sum(r['diverged'])} / {len(r['diverged'])}",
+                     f"{np.nanmean(spread[:, 1]):.3g} / {np.nanmax(spread[:, 1]):.3g}",
+                     f"{np.nanmean(spread[:, 2]):.3g} / {np.nanmax(spread[:, 2]):.3g}", *cells, num(r["total_s"])])
+    n = next(iter(records.values()))["seeds"]
+    return md(["H", f"variant (n = {n})", "final return", "AUC (mean return over training)", "diverged",
+               "critic spread mean / max", "actor spread mean / max", "two-phase − naive, final",
+               "two-phase − naive, AUC", "wall s"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

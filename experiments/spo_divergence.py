@@ -1,7 +1,7 @@
 """Does naive local SGD diverge? SPO-TD3 two-phase vs naive on Pendulum over H and the optimizer-state rule (issue 27).
 
     PYTHONPATH=. .venv/bin/python experiments/spo_divergence.py [--steps 20000] [--seeds 10]
-        [--configs two_phase-average-10,naive-local-200,...]
+        [--configs two_phase-average-10,naive-local-200,...] [--lr 1e-3] [--buffer uniform] [--tag TAG]
 
 The thesis (Ch. 5) motivates SPO-TD3's two-phase round by the divergence of the naive one: local actors following
 their own local critics, then averaged. The S3 run (``spo_pendulum.py``, R = 2, H = 10, Adam moments averaged) saw
@@ -17,8 +17,14 @@ Logged per round, before each average: ``critic_spread`` and ``actor_spread``, t
 mean over the mean's RMS (``spo.replica_spread``). A configuration **diverges** in a seed when any logged value is
 non-finite or its final return (mean of the last 3 evaluations) is no better than its untrained first evaluation.
 Held (the thesis's claim) when naive diverges in more seeds than two-phase in some (H, opt_state) cell. Writes
-experiments/results/spo_divergence/<config>.json (per seed curves, spreads, verdict inputs) and
+experiments/results/spo_divergence/<config>.json (per seed curves, spreads, verdict inputs, AUC) and
 experiments/plots/spo_divergence.png.
+
+At real drift (issue 39): ``--lr`` sets both learning rates (1e-2 moves the replicas apart), ``--buffer
+prioritized`` is the thesis's banked replay (replica r samples bank r; alpha 0.6, beta 0.4), and H may exceed the
+200 updates of an iteration (H = 1000: 1000 env steps then 1000 updates per iteration, targets copied after every
+round); ``--tag`` writes results/spo_divergence_<tag>/ and plots/spo_divergence_<tag>.png instead. Each seed's
+AUC is its mean evaluation return over training (trapezoid over env steps / their span).
 """
 
 from __future__ import annotations
@@ -37,8 +43,7 @@ import popjax
 from popjax.plots import save_figure
 
 HERE = Path(__file__).parent
-RESULTS = HERE / "results" / "spo_divergence"
-REPLICAS, B, COPY_EVERY = 4, 256, 200
+REPLICAS, B, COPY_EVERY, ITERATION = 4, 256, 200, 200
 HPARAMS = {"actor_lr": 1e-3, "critic_lr": 1e-3, "discount": 0.98, "exploration_noise": 0.1}
 CONFIGS = [f"{variant}-{opt}-{h}" for h in (10, 50, 200) for opt in ("average", "local")
            for variant in ("two_phase", "naive")]
@@ -46,18 +51,26 @@ CONFIGS = [f"{variant}-{opt}-{h}" for h in (10, 50, 200) for opt in ("average", 
 
 def learner_config(name: str) -> dict:
     variant, opt_state, h = name.split("-")
-    return {"hidden": [64, 64], "replicas": REPLICAS, "local_steps": int(h), "target_rounds": COPY_EVERY // int(h),
-            "opt_state": opt_state, "naive": variant == "naive"}
+    return {"hidden": [64, 64], "replicas": REPLICAS, "local_steps": int(h),
+            "target_rounds": max(1, COPY_EVERY // int(h)), "opt_state": opt_state, "naive": variant == "naive"}
 
 
-def run(name: str, args) -> dict:
+def auc(curve: list[list[float]]) -> float:
+    """Mean evaluation return over training: trapezoid area under return vs env steps over their span."""
+    c = np.asarray(curve, dtype=float)
+    return float(np.trapezoid(c[:, 1], c[:, 0]) / (c[-1, 0] - c[0, 0]))
+
+
+def run(name: str, args, results: Path) -> dict:
     started = time.time()
     out = Path(args.out) / name
+    hparams = {**HPARAMS, "actor_lr": args.lr, "critic_lr": args.lr}
     result = popjax.train(
         learner="spo_td3", env="probe:pendulum", driver="independent", pop_size=args.seeds, seed=0, preset="none",
-        total_env_steps=args.steps, warmup_steps=1_000, rollout_len=200, update_ratio=1.0, batch_size=B,
-        buffer_size=args.steps, eval_interval=1_000, eval_episodes=10, checkpoint_interval=0, progress=False,
-        hparams=HPARAMS, learner_config=learner_config(name), out_dir=out, overwrite=True)
+        total_env_steps=args.steps, warmup_steps=1_000, rollout_len=max(ITERATION, learner_config(name)["local_steps"]),
+        update_ratio=1.0, batch_size=B, buffer_size=args.steps, buffer=args.buffer, eval_interval=1_000,
+        eval_episodes=10, checkpoint_interval=0, progress=False, hparams=hparams,
+        learner_config=learner_config(name), out_dir=out, overwrite=True)
     curves, spreads, bad = [], [], []
     for member in member_rows(out, args.seeds):
         curves.append([[int(r["env_steps"]), to_float(r["eval_return"])] for r in member])
@@ -74,8 +87,10 @@ def run(name: str, args) -> dict:
               "curves": curves, "spreads": spreads, "non_finite_columns": bad, "first": first.tolist(),
               "final": final.tolist(), "diverged": diverged, "wall_s": result.summary["wall_s"],
               "total_s": round(time.time() - started, 1)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    if args.tag:  # the issue-27 records predate these fields
+        record.update(lr=args.lr, buffer=args.buffer, auc=[auc(curve) for curve in curves])
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"{name}: final {np.nanmean(final):.0f}, diverged {sum(diverged)}/{args.seeds}, "
           f"critic spread {np.nanmean([s[1] for m in spreads for s in m]):.3g}, {record['total_s']:.0f} s", flush=True)
     return record
@@ -111,13 +126,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--lr", type=float, default=HPARAMS["actor_lr"], help="actor and critic learning rate")
+    parser.add_argument("--buffer", default="uniform", choices=("uniform", "prioritized"),
+                        help="prioritized: the banked prioritized replay, one bank per replica")
+    parser.add_argument("--tag", default="", help="results under results/spo_divergence_<tag>/ (default: no tag)")
     parser.add_argument("--out", default="runs/spo_divergence")
     args = parser.parse_args()
+    if not args.tag and (args.lr != HPARAMS["actor_lr"] or args.buffer != "uniform"):
+        parser.exit(2, "--tag: required with --lr or --buffer (allowed: any name; the untagged folder holds the "
+                       "issue-27 grid)\n")
+    stem = f"spo_divergence_{args.tag}" if args.tag else "spo_divergence"
+    settings = {"steps": args.steps, "seeds": args.seeds}
+    if args.tag:
+        settings.update(lr=args.lr, buffer=args.buffer)
     records = []
     for name in args.configs.split(","):
-        records.append(saved_or_run(RESULTS / f"{name}.json", {"steps": args.steps, "seeds": args.seeds},
-                                    lambda name=name: run(name, args)))
-    plot(records, HERE / "plots" / "spo_divergence.png")
+        records.append(saved_or_run(HERE / "results" / stem / f"{name}.json", settings,
+                                    lambda name=name: run(name, args, HERE / "results" / stem)))
+    plot(records, HERE / "plots" / f"{stem}.png")
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def test_a_scoreboard_verdict_that_its_rule_contradicts_is_refused(monkeypatch):
     claim = next(c for c in data["claims"] if c.get("evidence") == "refer_pendulum")
     assert claim["verdict"] == "not resolved"  # the percentile interval alone would say refuted; t does not
     monkeypatch.setattr(results, "load", lambda path, _real=results.load: (
-        {**data, "claims": [{**claim, "verdict": "refuted at this scale"}]} if path == "scoreboard.json" else _real(path)))
+        {**data, "claims": [{**claim, "verdict": "refuted at this scale"}]} if path == "scoreboard.json"
+        else _real(path)))
     with pytest.raises(ValueError, match="its rule gives 'not resolved'"):
         results.scoreboard()
 
@@ -97,3 +98,12 @@ def test_the_corrected_prose_numbers_come_from_the_json():
 def test_r1_is_decided_from_the_fp32_gpu_files():
     verdict, shown = results.EVIDENCE["r1_gpu"]()
     assert verdict == "held" and "209× at N = 16, 320× at N = 64" in shown
+
+
+def test_refer_pace_gaps_are_paired_by_seed_from_the_final_evaluations():
+    arms = results.refer_pace_runs()[16384]
+    by_hand = [(r["eval_return"][-1] - t["eval_return"][-1]) / 1250  # normalised by (R + 1400) / 1250
+               for r, t in zip(arms["refer"]["members"], arms["td3"]["members"], strict=True)]
+    gap = results.pace_gap(16384, "refer", "td3")
+    assert gap == pytest.approx(by_hand) and round(gap[3], 2) == -0.86  # F2's seed 3: -1214 vs -141
+    assert "T/N ≈ 3" in results.pace_turnover(16384) and "T/N ≈ 12" in results.pace_turnover(4096)
