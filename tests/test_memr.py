@@ -403,15 +403,19 @@ def test_the_oracle_model_is_the_envs_own_step():
 
 # --- population, bad input, runs ------------------------------------------------------------------------------
 @pytest.mark.slow  # test_invariants checks vmap == loop for memr_sac in the default selection (unweighted)
-def test_vmapped_population_equals_per_member_loop():
-    learner = make_memr(config(), SPEC)
+@pytest.mark.parametrize("spec,options", [(SPEC, {}), (pendulum().spec, {"model": "oracle", "real_ratio": 0.5})])
+def test_vmapped_population_equals_per_member_loop(spec, options):
+    learner = make_memr(config(**options), spec)
+    obs_dim, act_dim = spec.obs_shape[0], spec.action_dim
     hps = stack([hparams(), hparams(actor_lr=1e-3, model_lr=3e-3), hparams(psi_lr=1e-2, discount=0.9)])
     states = jax.vmap(learner.init)(jax.random.split(jax.random.key(0), 3), hps)
     per_member = [member(states, i) for i in range(3)]
-    run, v_run = UPDATE, jax.jit(jax.vmap(learner.step.update))
+    run, v_run = jax.jit(learner.step.update), jax.jit(jax.vmap(learner.step.update))
     for t in range(2):
         keys = jax.random.split(jax.random.key(10 + t), 6).reshape(3, 2)
         batches = linear_batch(jax.random.key(20 + t), (3, 2, M))
+        batches = batches.replace(obs=batches.obs[..., :obs_dim], next_obs=batches.next_obs[..., :obs_dim],
+                                  action=batches.action[..., :act_dim])
         weights = jax.random.uniform(jax.random.key(30 + t), (3, 2, M), minval=0.1, maxval=1.0)
         states, metrics, priorities = v_run(keys, states, batches, weights, hps)
         outs = [run(keys[i], per_member[i], member(batches, i), weights[i], member(hps, i)) for i in range(3)]
@@ -467,10 +471,12 @@ def test_discrete_env_and_a_priority_lag_that_splits_an_iteration_are_refused(tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("start_states", ["prioritized", "uniform"])
-def test_a_memr_population_trains_counts_and_resumes_exactly(start_states, tmp_path):
+@pytest.mark.parametrize("start_states,extra", [("prioritized", {}), ("uniform", {}),
+                                                ("prioritized", {"model": "oracle", "real_ratio": 0.5,
+                                                                 "priority_lag": 2})])
+def test_a_memr_population_trains_counts_and_resumes_exactly(start_states, extra, tmp_path):
     options = {**RUN, "learner": "memr_sac", "buffer": start_states,
-               "learner_config": {**RUN["learner_config"], "start_states": start_states}}
+               "learner_config": {**RUN["learner_config"], "start_states": start_states, **extra}}
     full, resumed = train_cut_and_resume(tmp_path, options, cut_env_steps=60)
     assert resumed.summary["final_returns"] == full.summary["final_returns"]
     assert_trees_equal(resumed.state, full.state)
