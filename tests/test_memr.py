@@ -281,13 +281,13 @@ def test_m3_in_a_memr_step_the_weights_reach_the_critic_only():
 
 
 def rollout_terminations(termination: str, env_name: str) -> np.ndarray:
-    """The termination flags one MEMR step writes to the model buffer, on a spec named ``env_name``."""
+    """The termination flags of one batch of model rollouts (what a step writes to the model buffer), on a spec
+    named ``env_name``."""
     spec = EnvSpec(env_name, (3,), action_dim=2, action_low=(-1.0,) * 2, action_high=(1.0,) * 2)
     core = memr_core(config(termination=termination), spec)
-    state = core.init(jax.random.key(0), hparams())
     batch = linear_batch(jax.random.key(1), (M,))
-    state, _, _ = core.step(jax.random.key(2), state, batch, jnp.ones(M), hparams())
-    return np.asarray(state.rollouts.data.terminated[0])
+    key, model_key, obs = jax.random.key(0), jax.random.key(2), batch.obs
+    return np.asarray(jax.jit(lambda: core.rollout(core.init(key, hparams()), model_key, obs, batch.action)[2])())
 
 
 def test_known_terminations_replace_the_learned_logit():
@@ -353,8 +353,8 @@ def test_real_ratio_puts_exactly_that_many_real_rows_in_each_sac_batch(ratio, re
 
 
 def test_a_priority_written_back_is_the_one_the_next_sampling_sees_with_lag_1():
-    """Two driver updates (``replay_updates``) against sample -> step -> write by hand: equal with
-    ``priority_lag`` 1; with a lag of 2 both batches are drawn before the first write, so they differ."""
+    """Two driver updates (``replay_updates``, ``priority_lag`` 1) equal sample -> step -> write twice by hand; by
+    hand with both batches drawn before the first write (a lag of 2) differs, so the check can fail."""
     buffer = make_prioritized_buffer(64, M)
 
     def sample(key, replay):
@@ -366,20 +366,26 @@ def test_a_priority_written_back_is_the_one_the_next_sampling_sees_with_lag_1():
     replay = buffer.add(buffer.init(jax.tree.map(lambda x: x[0], real)), real)
     members, hp, key = Members(1), hparams(), jax.random.key(9)
     pop = lambda tree: jax.tree.map(lambda x: x[None], tree)
-    results = {}
-    for lag in (1, 2):
-        learner = make_memr(config(priority_lag=lag), SPEC)
-        state = INIT(jax.random.key(0), hp)
-        results[lag] = jax.jit(lambda s, r, lrn=learner: replay_updates(lrn, source, members, 2, key, s, r, pop(hp)))(
-            pop(state), pop(replay))[0]
-    by_hand, fresh = INIT(jax.random.key(0), hp), replay
-    for step_key in jax.random.split(key, 2):
-        sample_key, update_key = jax.random.split(step_key)
-        batch, weights, indices = sample(members.keys(sample_key)[0], fresh)
-        by_hand, _, priorities = UPDATE(members.keys(update_key)[:1], by_hand, pop(batch), weights[None], hp)
-        fresh = buffer.update(fresh, indices, priorities[0])
-    assert_trees_close(member(results[1], 0), by_hand)
-    assert trees_differ(member(results[2], 0), by_hand)
+    learner = make_memr(config(), SPEC)
+    assert learner.step.chunk == 1
+    driven = jax.jit(lambda s, r: replay_updates(learner, source, members, 2, key, s, r, pop(hp)))(
+        pop(INIT(jax.random.key(0), hp)), pop(replay))[0]
+
+    def by_hand(lagged: bool):
+        state, now, drawn = INIT(jax.random.key(0), hp), replay, []
+        for step_key in jax.random.split(key, 2):
+            sample_key, update_key = jax.random.split(step_key)
+            batch, weights, indices = sample(members.keys(sample_key)[0], replay if lagged else now)
+            state, _, priorities = STEP(members.keys(update_key)[0], state, batch, weights, hp)
+            now = buffer.update(now, indices, priorities)
+            drawn.append(indices)
+        return state, drawn
+
+    fresh, fresh_drawn = by_hand(lagged=False)
+    stale, stale_drawn = by_hand(lagged=True)
+    assert_trees_close(member(driven, 0), fresh)
+    assert not np.array_equal(np.asarray(fresh_drawn[1]), np.asarray(stale_drawn[1]))  # the write moved the draw
+    assert trees_differ(stale, fresh)
 
 
 def test_the_oracle_model_is_the_envs_own_step():
