@@ -215,6 +215,13 @@ def test_m2_a_batch_spans_the_segments_and_each_row_carries_its_own_segments_wei
     np.testing.assert_allclose(counts / 3000, 1 / 3, atol=0.04)  # every segment equally likely
 
 
+def test_the_model_buffer_is_whole_segments_and_no_larger_than_the_run_writes():
+    assert config(model_buffer=1000).segments == 63  # 1000 rollouts in segments of M = 16, rounded up
+    assert MEMRConfig(batch_size=256).segments * 256 >= 100_000  # the default holds 1e5 rollouts
+    assert config(model_buffer=1000, total_env_steps=40, update_ratio=0.5).segments == 20  # one segment per update
+    assert INIT(jax.random.key(0), hparams()).rollouts.weights.shape == (4, M)
+
+
 def test_m2_only_written_segments_are_sampled():
     state = segmented_write(segmented_init(5, 4, jnp.zeros(())), jnp.arange(4.0) + 1, jnp.ones(4))
     state = segmented_write(state, jnp.arange(4.0) + 5, jnp.ones(4))
