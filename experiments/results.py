@@ -876,13 +876,8 @@ def render(text: str) -> str:
 
 
 # --- MEMR (issue 25): arms share seeds (member m starts from the same keys in every arm) ---------------------
-MEMR_ARMS = {"sac": "SAC", "memr": "MEMR, prioritized start states", "memr_uniform": "MEMR, uniform start states",
-             "memr_oracle": "MEMR, uniform start states, the env as model"}
-MEMR_PAIRS = (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"), ("memr_oracle", "sac"),
-              ("memr_uniform", "memr_oracle"))
-MEMR_LOGS = {"model_val_nll": ("held-out model NLL", 2), "model_done": ("rollout termination rate", 3),
-             "real_done": ("real termination rate", 3), "is_weight": ("mean IS weight (max-normalised)", 3),
-             "priority": ("mean priority", 2), "priority_std": ("priority SD", 2)}
+MEMR_ARMS = {"sac": "SAC", "memr": "MEMR, prioritized start states", "memr_uniform": "MEMR, uniform start states"}
+MEMR_PAIRS = (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"))
 
 
 def memr_table(path: str) -> list[str]:
@@ -919,34 +914,6 @@ def memr_pendulum() -> list[str]:
 @table
 def memr_pendulum_paired() -> list[str]:
     return memr_paired_table("memr_pendulum/results.json")
-
-
-def memr_logs_table(path: str) -> list[str]:
-    """Per MEMR arm: the learner's logs at the last 3 evaluations (each the mean over its iteration), averaged per
-    seed, mean ± SD over seeds."""
-    runs_ = [r for r in load(path)["runs"] if r.get("model_logs")]
-    rows = []
-    for r in runs_:
-        fields = r["model_log_fields"]
-        per_seed = {k: [np.mean([row[fields.index(k)] for row in seed[-3:]]) for seed in r["model_logs"]]
-                    for k in MEMR_LOGS}
-        rows.append([MEMR_ARMS[r["config"]], *(mean_sd(per_seed[k], d) for k, (_, d) in MEMR_LOGS.items())])
-    return md(["arm (last 3 evaluations, mean ± SD over seeds)", *(label for label, _ in MEMR_LOGS.values())], rows)
-
-
-@table
-def memr_pendulum_issue38() -> list[str]:
-    return memr_table("memr_pendulum/results_issue38.json")
-
-
-@table
-def memr_pendulum_issue38_paired() -> list[str]:
-    return memr_paired_table("memr_pendulum/results_issue38.json")
-
-
-@table
-def memr_pendulum_issue38_logs() -> list[str]:
-    return memr_logs_table("memr_pendulum/results_issue38.json")
 
 
 @table
