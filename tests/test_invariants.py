@@ -97,8 +97,8 @@ LEARNER_CONFIG: dict[str, dict[str, Any]] = {
                  "buffer_min": 50, "buffer_threshold": 1e-9, "buffer_oldest": 16},
     "rlx2_sac": {"dst_interval": 10, "n_step": 2, "n_step_start": 10, "buffer_check_interval": 20,
                  "buffer_min": 50, "buffer_threshold": 1e-9, "buffer_oldest": 16},
-    "memr_sac": {"model_update_every": 5, "segments": 2, "sac_batch": 8, "ensemble": 2, "model_hidden": [8],
-                 "psi_hidden": [8], "model_epochs": 1, "psi_epochs": 1},
+    "memr_sac": {"model_buffer": 16, "sac_batch": 8, "ensemble": 2, "elites": 1, "model_hidden": [8],
+                 "psi_hidden": [8], "model_steps": 1, "psi_epochs": 1, "real_ratio": 0.25, "priority_lag": 5},
 }
 # Run options a learner needs (MEMR's prioritized start states are drawn by the prioritized source).
 LEARNER_RUN: dict[str, dict[str, Any]] = {"memr_sac": {"buffer": "prioritized"}}
