@@ -55,8 +55,7 @@ def test_a_cache_inside_the_run_directory_is_refused_and_nothing_is_written(tmp_
 
 
 @pytest.mark.long
-def test_a_repeated_run_loads_its_programs_from_the_cache(tmp_path, monkeypatch, compilers, restore_suite_cache):
-    monkeypatch.setattr(compile_cache, "MIN_COMPILE_S", 0.0)  # the tiny run's programs compile in well under 0.2 s
+def test_a_repeated_run_loads_its_programs_from_the_cache(tmp_path, compilers, restore_suite_cache):
     events: list[str] = []
     listen = lambda event, **_: events.append(event)  # noqa: E731
     jax.monitoring.register_event_listener(listen)
