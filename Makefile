@@ -25,7 +25,7 @@ TORCH_cuda12 := --extra-index-url https://download.pytorch.org/whl/cu128 "torch=
 TORCH_cuda13 :=
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: install run test test-slow test-processes lint docs bench bench-accelerator results clean
+.PHONY: install run test test-long test-slow test-processes lint docs bench bench-accelerator results clean
 ifneq ($(ACCEL),$(VENV_ACCEL))
 .PHONY: $(STAMP)  # the environment is for another accelerator: install afresh
 endif
@@ -46,15 +46,21 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/popjax train --config experiments/default.yaml --out runs/default --overwrite
 
-# The tests come in three groups (markers in pyproject.toml); each target runs one of them:
-#   make test            the default suite: everything not marked `slow` or `processes` (about 8 minutes on 2 cores)
-#   make test-slow       `slow`: long learning runs (a test that is also `processes` runs here)
+# The tests come in four groups (markers in pyproject.toml); each target runs one of them:
+#   make test            the default suite: everything not marked `slow`, `long` or `processes` (under 10 minutes
+#                        on 2 cores)
+#   make test-long       `long`: whole runs trained, killed and resumed, studies run at tiny sizes (each over about
+#                        15 s on 2 cores); CI runs them after `make test` (.ci/run)
+#   make test-slow       `slow`: long learning runs (a test that is also `processes` or `long` runs here)
 #   make test-processes  `processes`: tests that start subprocesses or several processes/devices (multi-process
 #                        jobs, forced multi-device runs, CLI runs of whole examples); CI runs them after
 #                        `make test` when time allows (.ci/run)
 # A DeprecationWarning caused by popjax's own code (or a test's) fails the test (filterwarnings in pyproject.toml).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "long and not slow and not processes"
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

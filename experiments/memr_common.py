@@ -7,7 +7,13 @@ compared with paired bootstrap intervals (``popjax.stats.paired_ci``). Arms:
 - ``sac``: SAC on real transitions (uniform replay), one update per env step;
 - ``memr``: ``memr_sac`` with ``buffer: prioritized`` (alpha 0.6, the thesis's best; beta 0.4), one policy
   update per env step (G = 1), M = ``batch_size`` one-step rollouts per env step;
-- ``memr_uniform``: the ablation, uniform start states, the same number of policy updates and rollouts.
+- ``memr_uniform``: the ablation, uniform start states, the same number of policy updates and rollouts;
+- ``memr_oracle``: ``memr_uniform`` with ``model: oracle`` (the pure-JAX env's own step as the model; pure-JAX envs
+  only): if it does not match SAC per env step, the gap is in the rollout/segment/weight path, not in the model.
+
+Besides the returns, each evaluation row keeps the learner's logs of its iteration (``MODEL_LOGS``: held-out model
+NLL, the rollouts' and the real start transitions' termination rates, the mean importance weight, the priority and
+its spread). ``--tag`` names a separate results file (a re-run beside an earlier one).
 
 ``rollout_len`` env steps then as many updates per iteration. The thesis's claim (Ch. 3): MEMR
 matches SAC's return per env step (with fewer policy updates than MBPO; here G = 1 = SAC's ratio, so policy
@@ -36,9 +42,12 @@ from popjax.plots import save_figure
 HERE = Path(__file__).parent
 ARMS = {"sac": ("sac", "uniform", {"start_states": None}),
         "memr": ("memr_sac", "prioritized", {"start_states": "prioritized"}),
-        "memr_uniform": ("memr_sac", "uniform", {"start_states": "uniform"})}
-LABELS = {"sac": "SAC", "memr": "MEMR (prioritized start states)", "memr_uniform": "MEMR (uniform start states)"}
-COLORS = {"sac": "C0", "memr": "C1", "memr_uniform": "C2"}
+        "memr_uniform": ("memr_sac", "uniform", {"start_states": "uniform"}),
+        "memr_oracle": ("memr_sac", "uniform", {"start_states": "uniform", "model": "oracle"})}
+LABELS = {"sac": "SAC", "memr": "MEMR (prioritized start states)", "memr_uniform": "MEMR (uniform start states)",
+          "memr_oracle": "MEMR (uniform start states, the env as model)"}
+COLORS = {"sac": "C0", "memr": "C1", "memr_uniform": "C2", "memr_oracle": "C3"}
+MODEL_LOGS = ("model_val_nll", "model_done", "real_done", "is_weight", "priority", "priority_std")
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class Setting:
     eval_episodes: int
     batch: int  # SAC's batch = MEMR's start states M per env step = its SAC batch from a model segment
     hidden: list[int]
-    rollout_len: int  # env steps then as many updates per iteration (a multiple of model_update_every)
+    rollout_len: int  # env steps then as many updates per iteration
     hparams: dict
     memr: dict = field(default_factory=dict)  # memr_sac's model and pi_psi options
 
@@ -62,7 +71,7 @@ def run_config(setting: Setting, name: str, steps: int, seeds: int, out: Path) -
     learner, buffer, arm = ARMS[name]
     learner_config = {"hidden": setting.hidden}
     if arm["start_states"] is not None:
-        learner_config.update(setting.memr, start_states=arm["start_states"], sac_batch=setting.batch)
+        learner_config.update(setting.memr, **arm, sac_batch=setting.batch)
     started = time.time()
     run = popjax.train(
         learner=learner, env=setting.env, driver="independent", pop_size=seeds, seed=0, preset="none",
@@ -74,9 +83,12 @@ def run_config(setting: Setting, name: str, steps: int, seeds: int, out: Path) -
     policy_per_update = s["counts"]["policy_updates"] / max(s["updates"], 1)
     curves = [[[int(r["env_steps"]), float(r["eval_return"]), int(r["updates"]) * policy_per_update] for r in rows]
               for rows in member_rows(out, seeds)]
+    logs = [[[int(r["env_steps"]), *(float(r[k]) if r.get(k) else None for k in MODEL_LOGS)] for r in rows]
+            for rows in member_rows(out, seeds)] if learner == "memr_sac" else None
     return {"config": name, "env": setting.env, "learner": learner, "buffer": buffer,
             "learner_config": learner_config, "hparams": setting.hparams, "warmup": setting.warmup,
-            "curves": curves, "counts": s["counts"], "final_returns": s["final_returns"], "updates": s["updates"],
+            "curves": curves, "model_logs": logs, "model_log_fields": ["env_steps", *MODEL_LOGS],
+            "counts": s["counts"], "final_returns": s["final_returns"], "updates": s["updates"],
             "wall_s": s["wall_s"], "compile_s": s["compile_s"], "total_s": time.time() - started, "out": str(out)}
 
 
@@ -95,7 +107,8 @@ def summarize(results: list[dict], warmup: int) -> dict:
                     "counts": r["counts"], "wall_s": r["wall_s"], "total_s": r["total_s"]}
              for name, r in by.items()}
     comparisons = {}
-    for a, b in (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform")):
+    for a, b in (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"), ("memr_oracle", "sac"),
+                 ("memr_uniform", "memr_oracle")):
         if a in by and b in by:
             comparisons[f"{a} - {b}"] = {}
             for score in ("final", "auc"):
@@ -125,12 +138,15 @@ def plot(setting: Setting, results: list[dict], path: Path, steps: int) -> None:
 
 def main(setting: Setting, doc: str) -> None:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--configs", default="sac,memr,memr_uniform", help="comma-separated; done arms are skipped")
+    oracle = "memr_oracle," if setting.env.startswith("probe:") else ""  # the oracle is a pure-JAX env's step
+    parser.add_argument("--configs", default=f"sac,{oracle}memr_uniform,memr",
+                        help="comma-separated; done arms are skipped")
     parser.add_argument("--steps", type=int, default=setting.steps, help="env steps per seed")
     parser.add_argument("--seeds", type=int, default=5, help="members (seeds) of each arm's population")
     parser.add_argument("--out", default=f"runs/memr_{setting.name}")
+    parser.add_argument("--tag", default="", help="appended to the results, plot and run names (a separate re-run)")
     args = parser.parse_args()
-    suffix = "" if args.steps == setting.steps else f"_{args.steps // 1000}k"
+    suffix = ("" if args.steps == setting.steps else f"_{args.steps // 1000}k") + (f"_{args.tag}" if args.tag else "")
     results_path = HERE / "results" / f"memr_{setting.name}" / f"results{suffix}.json"
     data = run_sweep(results_path, args.steps, args.configs.split(","), lambda runs: {r["config"] for r in runs},
                      lambda name: run_config(setting, name, args.steps, args.seeds, Path(args.out + suffix) / name),

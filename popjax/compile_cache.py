@@ -6,8 +6,11 @@ lives in the user's cache folder, ``$XDG_CACHE_HOME/popjax/jax`` (``~/.cache/pop
 directory. ``POPJAX_COMPILE_CACHE`` (or ``--compile-cache`` on the command line) moves it to another folder or
 turns it off (``off``). A cache folder that JAX's own ``JAX_COMPILATION_CACHE_DIR`` names is respected.
 
-Thresholds: programs that XLA compiles in under ``MIN_COMPILE_S`` are not stored (loading one costs about as much
-as compiling it), and the folder is kept under ``MAX_BYTES`` by JAX (least recently used entries go first).
+Thresholds: every program is stored (``MIN_COMPILE_S`` 0; JAX's default skips programs compiled in under 1 s). A
+run compiles many small programs (keys, evaluation, buffer writes) besides its large ones: measured on a 2-core CPU
+(TD3, ``probe:pendulum``, pop 4), a repeated run compiled 5.2-5.7x faster than the first when every program was
+stored and 3.7-4.2x when only those over 0.2 s were. The folder is kept under ``MAX_BYTES`` by JAX (least
+recently used entries go first).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 ENV = "POPJAX_COMPILE_CACHE"
 OFF = ("off", "none", "0", "false", "no")
-MIN_COMPILE_S = 0.2
+MIN_COMPILE_S = 0.0
 MAX_BYTES = 4 * 2**30
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import tempfile
 from types import SimpleNamespace
 
 import jax
@@ -13,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from popjax import compile_cache
 from popjax.learners import LEARNERS
 from popjax.learners.base import one_update
 from popjax.population.tree import stack
@@ -196,8 +195,7 @@ def np64(x) -> np.ndarray:
     return np.asarray(x, np.float64)
 
 
-def use_shared_xla_cache() -> None:
-    """Compiled programs in one persistent cache shared by the run tests (speed only; results are identical)."""
-    jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(),
-                                                                f"popjax-test-xla-cache-{os.getuid()}"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+def use_shared_xla_cache() -> str:
+    """The suite's own persistent compile cache (conftest.py), shared by its workers and the subprocesses they start
+    (speed only; results are identical), switched back on after a test that moved it; returns its folder."""
+    return str(compile_cache.enable())

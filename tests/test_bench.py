@@ -86,6 +86,7 @@ def update_json(out, fake_memory):
     return load(out / "update.json")
 
 
+@pytest.mark.long
 def test_update_study_fields(update_json):
     rows = update_json["results"]
     impls = {r["impl"] for r in rows}
@@ -136,6 +137,7 @@ def test_memory_fit_search_with_a_given_limit(update_json):
     assert update.largest_population(p, limit_bytes=one - 1)["largest_pop"] == 0  # not even one member fits
 
 
+@pytest.mark.long
 def test_per_point_budget_skips_larger_n_never_times_fewer_calls(tmp_path):
     payload = update.run(learners=("td3",), pops=(1, 2, 4), impls=("vmap",), batch_size=8, k=2,
                          max_seconds=1e-6, memory_fit=False, out_dir=tmp_path, plot=False, **TINY)
@@ -193,6 +195,7 @@ def test_compile_study_fields(out):
         assert r["compile_s"] >= r["xla_compile_s"]
 
 
+@pytest.mark.long
 def test_envstep_study_fields(out):
     envstep.run(learners=("td3",), gym_envs=("Pendulum-v1",), brax_envs=("probe:pendulum",), pops=(2,), steps=5,
                 out_dir=out, **TINY)
@@ -212,6 +215,7 @@ def test_envstep_study_fields(out):
         assert r["timing"]["repeats"] >= 10 and r["ms_per_interaction_iqr"] >= 0
 
 
+@pytest.mark.long
 def test_train_study_fields(out):
     from popjax.config import make_config
     from popjax.experiment import build
@@ -244,6 +248,7 @@ def test_train_needs_ten_timed_iterations():
         train.run(envs=("probe:pendulum",), env_steps=120, warmup=40, rollout_len=20)
 
 
+@pytest.mark.long
 def test_shared_critic_and_drivers_record_their_ceilings(out):
     shared_critic.run(pops=(2,), hidden=(8, 8), batch_size=4, impls=("vectorized", "sequential"), repeats=10,
                       min_time=0.0, out_dir=out, plot=False)
@@ -255,6 +260,7 @@ def test_shared_critic_and_drivers_record_their_ceilings(out):
     assert row["iterations_timed"] >= 10 and positive(row["layer_gflops"])
 
 
+@pytest.mark.long
 def test_per_study_through_the_cli(tmp_path, capsys):
     from popjax import cli
 
@@ -288,6 +294,7 @@ def test_per_study_through_the_cli(tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.long
 def test_per_budget_skips_the_larger_batches(tmp_path):
     payload = per.run(branching=(2,), capacity=(100,), batch=(8, 64), population=2, max_seconds=0.0, min_time=0.0,
                       out_dir=tmp_path, plot=False)
@@ -301,6 +308,7 @@ def test_per_budget_skips_the_larger_batches(tmp_path):
     assert "## per" in text and "| 100 | 64 | skipped | skipped |" in text and "Skipped points: sample numpy" in text
 
 
+@pytest.mark.long
 def test_per_oracle_is_the_trees_definition():
     from popjax.buffers import prioritized
 
@@ -341,6 +349,7 @@ def test_a_busy_machine_is_refused_in_one_line(study, tmp_path, capsys, monkeypa
     assert not list(tmp_path.iterdir())  # nothing measured or written
 
 
+@pytest.mark.long
 def test_allow_busy_runs_and_stamps_the_results_busy(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "load_average", lambda: [9.0, 8.0, 7.0])
     payload = compile.run(learners=("td3",), pops=(1,), hidden=(8,), batch_size=4, k=2, min_time=0.0,
@@ -612,6 +621,7 @@ def _close(a, b, tol=1e-4):
     return abs(float(a) - float(b)) <= tol * (1.0 + abs(float(a)))
 
 
+@pytest.mark.long
 @needs_torch
 def test_torch_td3_matches_jax_td3():
     spec = EnvSpec("t", (5,), action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3)
@@ -640,6 +650,7 @@ def test_torch_td3_matches_jax_td3():
     np.testing.assert_allclose(jax_kernel, member.critic.q2.layers[0].weight.detach().numpy(), atol=1e-5)
 
 
+@pytest.mark.long
 @needs_torch
 def test_torch_sac_matches_jax_sac():
     spec = EnvSpec("s", (5,), action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3)
@@ -660,6 +671,7 @@ def test_torch_sac_matches_jax_sac():
             assert _close(metrics[name], out[name]), (step, name)
 
 
+@pytest.mark.long
 @needs_torch
 def test_torch_dqn_matches_jax_dqn():
     spec = EnvSpec("a", (36, 36, 4), num_actions=5)

@@ -288,6 +288,7 @@ def test_the_update_study_names_the_fastest_pytorch_variant(tmp_path, monkeypatc
     assert rows["torch_vmap"]["steps_per_call"] == 2 and rows["torch_vmap"]["compile"] is None  # eager: no compile
 
 
+@pytest.mark.long
 def test_the_accelerator_preset_runs_the_update_study_and_names_the_device(tmp_path, monkeypatch, capsys):
     """``popjax bench accelerator`` at tiny sizes on the CPU: the update study with the preset's learners, popjax's
     programs compiled ahead in threads (each once), every learner at one N before the next, one table printed at

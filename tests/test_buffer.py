@@ -16,6 +16,7 @@ def rows(start, n):
                       terminated=jnp.zeros(n))
 
 
+@pytest.mark.long
 def test_wraps_around_overwriting_oldest_rows_first():
     buf = make_uniform_buffer(capacity=5, batch_size=2)
     state = buf.init(dummy_transition(SPEC))
@@ -26,6 +27,7 @@ def test_wraps_around_overwriting_oldest_rows_first():
     np.testing.assert_array_equal(state.data.reward, [5, 6, 2, 3, 4])
 
 
+@pytest.mark.long
 def test_samples_only_valid_rows_and_keeps_dtypes():
     buf = make_uniform_buffer(capacity=100, batch_size=64)
     state = buf.init(dummy_transition(EnvSpec("d", (2,), num_actions=3)))
@@ -38,6 +40,7 @@ def test_samples_only_valid_rows_and_keeps_dtypes():
     assert not bool(buf.can_sample(state))
 
 
+@pytest.mark.long
 def test_per_member_buffers_are_isolated_under_vmap():
     buf = make_uniform_buffer(capacity=8, batch_size=16)
     pop = 3

@@ -26,6 +26,7 @@ def test_elite_weights_are_normalised_log_weights():
     np.testing.assert_allclose(cem.elite_weights(4, "uniform"), [0.25] * 4)
 
 
+@pytest.mark.long
 def test_ask_is_mirrored_about_the_mean_with_the_given_variance():
     config = cem.CEMConfig(pop_size=6, n_elites=3)
     dim = 20_000
@@ -83,6 +84,7 @@ def test_cov_noise_decays_geometrically_to_its_floor():
         np.testing.assert_allclose(state.var, [float(state.cov_noise)] * 2, rtol=1e-6)
 
 
+@pytest.mark.long
 def test_masked_add_keeps_valid_rows_in_order_and_wraps():
     buffer = make_uniform_buffer(capacity=5, batch_size=2)
     state = buffer.init({"x": jnp.zeros((), jnp.float32)})
@@ -112,6 +114,7 @@ def test_bad_options_fail_before_compiling(bad, message, tmp_path):
         popjax.train(out_dir=tmp_path, **{**TINY, **bad})
 
 
+@pytest.mark.long
 def test_tiny_cemrl_run_writes_the_run_directory(tmp_path):
     run = popjax.train(out_dir=tmp_path, **TINY)
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())

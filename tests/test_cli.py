@@ -130,6 +130,7 @@ def test_console_script_prints_no_traceback(tmp_path):
     assert proc.stderr.strip() == "popjax: error: pop_size: must lie in [1, 65536], got -3"
 
 
+@pytest.mark.long
 def test_importing_popjax_starts_no_jax_backend():
     # jax.distributed and the overlap's extra CPU device must be set up before JAX starts: no module may
     # create an array at import time (e.g. a default hyperparameter as a module constant).

@@ -18,11 +18,11 @@ CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
 
 @pytest.fixture
-def cache_off_after():
-    """Leaves JAX's persistent cache as the suite runs it (off) whatever the test set."""
+def restore_suite_cache():
+    """Leaves JAX's persistent cache as the suite runs it (its own folder, conftest.py) whatever the test set."""
     yield
-    compile_cache.enable("off")
-    assert jax.config.jax_compilation_cache_dir is None
+    compile_cache.enable()
+    assert jax.config.jax_compilation_cache_dir == str(compile_cache.folder())
 
 
 def test_the_folder_follows_xdg_the_variable_and_off(monkeypatch, tmp_path):
@@ -43,7 +43,7 @@ def test_the_folder_follows_xdg_the_variable_and_off(monkeypatch, tmp_path):
     assert compile_cache.folder(tmp_path / "given") == tmp_path / "given"  # an explicit setting wins
 
 
-def test_a_cache_inside_the_run_directory_is_refused_and_nothing_is_written(tmp_path, capsys, cache_off_after):
+def test_a_cache_inside_the_run_directory_is_refused_and_nothing_is_written(tmp_path, capsys, restore_suite_cache):
     out = tmp_path / "run"
     refused = r"^compile_cache: .*inside the run directory .*\(allowed: a folder, or off\)$"
     with pytest.raises(ConfigError, match=refused):
@@ -54,8 +54,8 @@ def test_a_cache_inside_the_run_directory_is_refused_and_nothing_is_written(tmp_
     assert code == 2 and err.count("\n") == 0 and "inside the run directory" in err and not out.exists()
 
 
-def test_a_repeated_run_loads_its_programs_from_the_cache(tmp_path, monkeypatch, compilers, cache_off_after):
-    monkeypatch.setattr(compile_cache, "MIN_COMPILE_S", 0.0)  # the tiny run's programs compile in well under 0.2 s
+@pytest.mark.long
+def test_a_repeated_run_loads_its_programs_from_the_cache(tmp_path, compilers, restore_suite_cache):
     events: list[str] = []
     listen = lambda event, **_: events.append(event)  # noqa: E731
     jax.monitoring.register_event_listener(listen)

@@ -45,6 +45,11 @@ def wrong_values(name: str):
         return always | mappings | not_a_number
     if isinstance(kind, schema.Flag):
         return always | mappings | st.integers(-5, 5) | st.text(max_size=6)
+    if isinstance(kind, schema.Choices):  # a list of names is its value ([] too): lists only with a non-name in them
+        allowed = set(schema.Choice(kind.values).allowed())
+        non_names = nested.filter(lambda v: not (isinstance(v, str) and v in allowed))
+        return (st.none() | mappings | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False)
+                | st.lists(non_names, min_size=1, max_size=3) | st.text(max_size=6).filter(lambda t: t not in allowed))
     return always | mappings | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False)  # names
 
 

@@ -46,6 +46,7 @@ RUN = dict(learner="mean", env="probe:pendulum", pop_size=2, total_env_steps=96,
                                                    "search_space": {"lr": {"low": 0.9, "high": 1.0}},
                                                    "copy_buffer": True}}),
 ])
+@pytest.mark.long
 def test_a_learner_and_a_source_written_outside_popjax_train(registered, tmp_path, driver, extra):
     run = popjax.train(driver=driver, buffer="newest", out_dir=tmp_path / driver, **RUN, **extra)
     assert run.summary["updates"] == 3 * 16  # K = 16 updates in each of 3 iterations, no warm-up

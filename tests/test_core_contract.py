@@ -71,6 +71,7 @@ def registered():
     del LEARNERS[SPREAD_TD3.name]
 
 
+@pytest.mark.long
 def test_the_update_is_td3_with_hand_computed_weights():
     """One update equals TD3's core update with the weights computed by hand (to float32 rounding: the learner
     computes the weights inside its compiled chunk, the test from Python floats, and they differ in the last bit)."""
@@ -107,6 +108,7 @@ RUN = dict(learner="spread_td3", env="probe:pendulum", total_env_steps=400, roll
     ("independent", {"pop_size": 2}),
     ("pbt", {"pop_size": 4, "pbt": {"interval": 200, "quantile": 0.25}}),
 ])
+@pytest.mark.long
 def test_the_wrapper_trains_under_independent_and_pbt(registered, tmp_path, driver, extra):
     run = popjax.train(driver=driver, out_dir=tmp_path / driver, **RUN, **extra)
     pop = extra["pop_size"]

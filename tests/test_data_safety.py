@@ -23,6 +23,7 @@ def refused(match, fn, *args, **kwargs):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.long
 def test_train_over_an_existing_run_is_refused_and_changes_nothing(run_copy):
     before = snapshot(run_copy)
     refused("holds a run; continue it with `popjax resume", popjax.train, out_dir=run_copy, **TINY)
@@ -59,6 +60,7 @@ def test_out_dir_that_is_a_file_is_refused(tmp_path):
     assert target.read_text() == "keep me"
 
 
+@pytest.mark.long
 def test_a_run_in_use_is_refused_and_a_dead_owners_lock_is_taken_over(run_copy):
     (run_copy / "summary.json").unlink()  # as if still running
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -43,6 +43,7 @@ def test_keys_derived_in_one_call_are_the_eager_keys(seed):
     assert not np.array_equal(jax.random.key_data(derived[0]), jax.random.key_data(derived[1]))
 
 
+@pytest.mark.long
 def test_counter_sees_eager_ops_and_host_reads():
     """The counting mode itself: three eager ops and one read are three executions and one host read."""
     counter = dispatch.ExecutionCounter()
@@ -56,6 +57,7 @@ def test_counter_sees_eager_ops_and_host_reads():
     assert (counter.executions, counter.host_reads) == (3, 1)
 
 
+@pytest.mark.long
 def test_dispatch_study_fields(tmp_path):
     payload = dispatch.run(pops=(1,), iterations=10, count_iterations=3, out_dir=str(tmp_path), **TINY)
     path = tmp_path / f"dispatch_{jax.default_backend()}.json"

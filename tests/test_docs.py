@@ -177,6 +177,7 @@ def test_the_gpu_page_refusals_print_what_it_shows(tmp_path, monkeypatch, capsys
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.long
 def test_the_python_run_example(tmp_path, monkeypatch, capsys):
     from learner_helpers import use_shared_xla_cache
 

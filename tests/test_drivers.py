@@ -55,6 +55,7 @@ def metric_rows(run_dir) -> list[dict[str, str]]:
         return [{k: v for k, v in row.items() if k != "wall_s"} for row in csv.DictReader(f)]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(DRIVERS))
 def test_state_counters_metrics_and_evaluation_shapes(name):
     loop = build(make_config(**options(name)))
@@ -82,6 +83,7 @@ def test_members_are_independent_only_where_the_driver_and_its_options_say_so():
     assert not independent("hts", hts={"alpha": 25, "executors": 3, "population": "pbt"}, pbt={"interval": 100})
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(DRIVERS))
 def test_every_program_traces_once_and_kill_then_resume_is_exact(name, compilers, tmp_path):
     full = popjax.train(out_dir=tmp_path / "full", **options(name))
@@ -135,6 +137,7 @@ def test_the_guide_driver_declares_dependent_members(guide_driver):
     assert not guide_driver["RANDOM_SEARCH"].members_independent(guide_driver["RandomSearchOptions"]())
 
 
+@pytest.mark.long
 def test_the_guide_driver_registers_and_trains(guide_driver, tmp_path, monkeypatch):
     """The guide's random-search driver, run as written (its second block): it trains 4 generations of one episode
     per member; a misspelt option is one line; the same seed gives the same state."""

@@ -76,6 +76,7 @@ def setup_state(hp, identical=False):
     return jax.tree.map(jnp.asarray, state)
 
 
+@pytest.mark.long
 def test_kernel_is_symmetric_with_unit_diagonal():
     e = jax.random.normal(jax.random.key(0), (4, 7))
     k = rbf_kernel(e, 2.0)
@@ -86,6 +87,7 @@ def test_kernel_is_symmetric_with_unit_diagonal():
     np.testing.assert_allclose(k[0, 1], np.exp(-d / 4.0), rtol=1e-5)
 
 
+@pytest.mark.long
 def test_diversity_loss_on_three_hand_built_actors_matches_numpy():
     hp = population_hparams(td3.default_hparams(), POP, {})
     state = setup_state(hp)
@@ -146,6 +148,7 @@ def test_weight_zero_gives_the_plain_shared_critic_update():
         np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.long
 def test_identical_actors_singular_kernel_give_finite_loss_and_gradient():
     e = jnp.tile(jax.random.normal(jax.random.key(0), (1, 12)), (3, 1))
     loss, grad = jax.value_and_grad(diversity_loss)(e, 1.0, 1e-6)
@@ -197,6 +200,7 @@ def test_bad_options_fail_before_compiling(bad, message, tmp_path):
         popjax.train(out_dir=tmp_path, **{**TINY, **bad})
 
 
+@pytest.mark.long
 def test_tiny_dvd_run_writes_the_run_directory(tmp_path):
     run = popjax.train(out_dir=tmp_path, **TINY)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -248,6 +252,7 @@ def test_bandit_posterior_picks_the_arm_that_keeps_improving():
     assert {draw(5, k) for k in range(20)} == {0.0, 0.5, 1.0}
 
 
+@pytest.mark.long
 def test_tiny_dvd_run_with_the_bandit_logs_its_draws(tmp_path):
     run = popjax.train(out_dir=tmp_path, **{**TINY, "dvd": {"weight_source": "bandit", "bandit_arms": [0.0, 0.7],
                                                             "normalize": True}})

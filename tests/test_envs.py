@@ -119,6 +119,7 @@ def test_host_same_seed_same_trajectory_across_auto_reset():
 # --- both paths agree -------------------------------------------------------------------------
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("gym_name, probe_name", [("gym:Pendulum-v1", "probe:pendulum"),
                                                   ("gym:CartPole-v1", "probe:cartpole")])
 def test_gym_and_jax_paths_share_spec_and_transition_layout(gym_name, probe_name):
@@ -139,6 +140,7 @@ def test_gym_and_jax_paths_share_spec_and_transition_layout(gym_name, probe_name
     assert shapes_dtypes(t_host) == shapes_dtypes(t_jax) == shapes_dtypes(batched_dummy)
 
 
+@pytest.mark.long
 def test_brax_inverted_pendulum_spec_vec_env_and_termination():
     spec = registry.env_spec("brax:inverted_pendulum")
     assert (spec.obs_shape, spec.action_dim, spec.action_low, spec.action_high, spec.max_episode_steps) == (

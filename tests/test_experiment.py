@@ -20,6 +20,7 @@ def tiny_run(tmp_path_factory):
     return popjax.train(out_dir=out, logger=["tensorboard"], **TINY)
 
 
+@pytest.mark.long
 def test_run_directory_has_the_documented_files(tiny_run):
     out = tiny_run.out_dir
     config = yaml.safe_load((out / "config.yaml").read_text())
@@ -53,6 +54,7 @@ def test_summary_has_the_population_iqm_and_compare_reads_the_run(tiny_run, tmp_
     assert (tmp_path / "cmp" / "curves_wall_time.png").exists()
 
 
+@pytest.mark.long
 def test_same_seed_gives_identical_results_and_other_seed_differs(tiny_run, tmp_path):
     again = popjax.train(out_dir=tmp_path / "again", logger=["tensorboard"], **TINY)
     assert again.summary["final_returns"] == tiny_run.summary["final_returns"]

@@ -69,6 +69,7 @@ def damage_row(run, line=3, text="garbage,,x"):
     (run / "metrics.csv").write_text("".join(lines))
 
 
+@pytest.mark.long
 def test_plot_when_the_plots_folder_is_a_file(run_copy, capsys):
     shutil.rmtree(run_copy / "plots")
     (run_copy / "plots").write_text("my notes")
@@ -160,6 +161,7 @@ def test_train_under_a_file_or_a_read_only_folder_writes_nothing(tmp_path, capsy
     assert list(locked.iterdir()) == [] and (tmp_path / "notes").read_text() == "keep"
 
 
+@pytest.mark.long
 def test_a_write_that_fails_mid_run_is_one_line(run_copy, capsys, monkeypatch):
     def full(self, rows):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.metrics_path))

@@ -128,6 +128,7 @@ def compiler():
 
 
 # --- D1, D2, D3: determinism ---------------------------------------------------------------------
+@pytest.mark.long
 def test_d1_threads_equal_serial_schedule_bitwise(compiler):
     serial = run_hashes(make_loop(serial=True, compiler=compiler), 4)
     for actors in (1, 2, 3, 4):
@@ -144,6 +145,7 @@ def test_d2_seed_decides(compiler):
     assert first[1] != other[1] and first[0][0] != other[0][0]
 
 
+@pytest.mark.long
 def test_d3_alpha_changes_results():
     a = run_hashes(make_loop(alpha=4, segments=4, actors=2), 4)
     b = run_hashes(make_loop(alpha=8, segments=2, actors=2), 2)
@@ -213,6 +215,7 @@ def test_d5_without_correction_and_lockstep():
     assert {(seg, v) for seg, v in seen} == {(s, s) for s in range(4)}
 
 
+@pytest.mark.long
 def test_d6_eq6_update():
     learner = tiny_learner()
     key = jax.random.key(1)
@@ -266,6 +269,7 @@ def test_d8_claim2_mm1(load):
 
 
 # --- off-policy learners --------------------------------------------------------------------------
+@pytest.mark.long
 def test_off_policy_dqn_threads_equal_serial(compiler):
     dqn = LEARNERS["dqn"].make(LEARNERS["dqn"].config_cls(batch_size=16), env_spec("gym:popjax/HtsToy-v0"))
     serial = run_hashes(make_loop(learner=dqn, serial=True), 3)
@@ -311,6 +315,7 @@ FAILING = dict(learner="dqn", env="gym:popjax-test/FailingToy-v0", driver="hts",
                batch_size=16, buffer_size=2048, eval_episodes=1, progress=False)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", ["raise", "hang"])
 def test_executor_failure_stops_with_checkpoint_and_resume_is_exact(tmp_path, mode):
     FailingToy.armed, FailingToy.mode, FailingToy.at = False, mode, 8 * 3 + 5  # in segment 3
@@ -328,6 +333,7 @@ def test_executor_failure_stops_with_checkpoint_and_resume_is_exact(tmp_path, mo
     assert resumed.summary["final_returns"] == whole.summary["final_returns"]
 
 
+@pytest.mark.long
 def test_cli_reports_failure(tmp_path, capsys):
     from popjax.cli import main
 
@@ -343,6 +349,7 @@ def test_cli_reports_failure(tmp_path, capsys):
 
 
 # --- popjax bench hts ---------------------------------------------------------------------------------
+@pytest.mark.long
 def test_bench_hts_tiny(tmp_path):
     from popjax_bench import hts as bench_hts
     from popjax_bench import report
@@ -371,6 +378,7 @@ def hts_pbt(**hts_options):
     return {**PBT_HTS, "hts": {"alpha": 8, "executors": 4, "population": "pbt", **hts_options}}
 
 
+@pytest.mark.long
 def test_pbt_at_barriers_is_deterministic_whatever_the_threads(tmp_path):
     serial = popjax.train(out_dir=tmp_path / "serial", **hts_pbt(serial=True))
     threaded = popjax.train(out_dir=tmp_path / "threaded", **hts_pbt(actors=2))
@@ -407,6 +415,7 @@ def test_pbt_loser_copies_learner_behaviour_and_staged_segment_of_its_parent():
     assert int(after.pbt.rounds) == 1 and int(after.pbt.last_ready) == 32
 
 
+@pytest.mark.long
 def test_pbt_at_barriers_resumes_exactly_after_an_env_crash(tmp_path):
     options = {**FAILING, "learner": "a2c", "pop_size": 4, "envs_per_member": 2, "warmup_steps": 0,
                "eval_interval": 16, "checkpoint_interval": 16, "total_env_steps": 8 * 8 * 2,
@@ -438,6 +447,7 @@ def test_bad_population_options(tmp_path, options, field):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.long
 def test_update_counter_counts_the_learners_gradient_steps_as_the_synchronous_loop(tmp_path):
     run = popjax.train(out_dir=tmp_path / "run", learner="ppo", env="gym:popjax/HtsToy-v0", driver="hts", pop_size=2,
                        envs_per_member=2, total_env_steps=3 * 8 * 2, eval_interval=3 * 8 * 2, eval_episodes=1,

@@ -5,6 +5,7 @@ line. ``make -n`` prints the commands without running them; a temporary VENV kee
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -17,8 +18,11 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 
 def make_n(*args: str, venv: Path) -> subprocess.CompletedProcess:
+    # Under `make test` the suite inherits the outer make's MAKEFLAGS/MAKELEVEL, which make a nested make print
+    # "Entering directory" lines: run it as a user would, from a plain shell.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
     return subprocess.run(["make", "-n", *args, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env=env)
 
 
 def pins(path: Path) -> dict[str, str]:

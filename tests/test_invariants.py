@@ -97,8 +97,8 @@ LEARNER_CONFIG: dict[str, dict[str, Any]] = {
                  "buffer_min": 50, "buffer_threshold": 1e-9, "buffer_oldest": 16},
     "rlx2_sac": {"dst_interval": 10, "n_step": 2, "n_step_start": 10, "buffer_check_interval": 20,
                  "buffer_min": 50, "buffer_threshold": 1e-9, "buffer_oldest": 16},
-    "memr_sac": {"model_update_every": 5, "segments": 2, "sac_batch": 8, "ensemble": 2, "model_hidden": [8],
-                 "psi_hidden": [8], "model_epochs": 1, "psi_epochs": 1},
+    "memr_sac": {"model_buffer": 16, "sac_batch": 8, "ensemble": 2, "elites": 1, "model_hidden": [8],
+                 "psi_hidden": [8], "model_steps": 1, "psi_epochs": 1, "real_ratio": 0.25, "priority_lag": 5},
 }
 # Run options a learner needs (MEMR's prioritized start states are drawn by the prioritized source).
 LEARNER_RUN: dict[str, dict[str, Any]] = {"memr_sac": {"buffer": "prioritized"}}
@@ -362,6 +362,7 @@ def member_program(learner, spec, config, extended: bool = False):
     return program
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("name", "env", "extended"), list(vmap_cases()))
 def test_vmap_equals_the_per_member_loop(name, env, extended):
     definition = LEARNERS[name]
@@ -436,6 +437,7 @@ def train_on_with_changed_hparams(learner: str, options: dict[str, Any], compile
         close(loop)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("learner", "driver"), [pair_param(*pair) for pair in ACCEPTED])
 def test_traces_once_across_hparam_changes_and_resume_is_exact(learner, driver, compilers, tmp_path):
     options = run_options(learner, driver)

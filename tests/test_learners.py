@@ -42,6 +42,7 @@ def test_registry():
     assert LEARNERS["td3"].action_kind == LEARNERS["sac"].action_kind == "continuous"
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", NAMES)
 def test_vmapped_update_equals_per_member_update(name):
     c, states, batches, hparams = setup(name)

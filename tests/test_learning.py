@@ -12,6 +12,7 @@ QUICK = dict(pop_size=2, rollout_len=10, warmup_steps=100, eval_episodes=4, batc
              learner_config={"hidden": [32, 32]}, progress=False)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("learner", ["td3", "sac"])
 def test_continuous_learners_solve_the_bandit_probe(learner, tmp_path):
     # reward -(a - 0.5)^2: a uniform random policy averages -0.58, the optimum is 0
@@ -20,6 +21,7 @@ def test_continuous_learners_solve_the_bandit_probe(learner, tmp_path):
     assert run.summary["best_return"] > -0.02
 
 
+@pytest.mark.long
 def test_dqn_solves_the_chain_probe(tmp_path):
     # reward 1 for action 2 of 3; a greedy policy that found it scores 1.0
     run = popjax.train(learner="dqn", env="probe:chain", total_env_steps=1000, eval_interval=1000,

@@ -77,6 +77,7 @@ def csv_rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.long
 def test_a_pbt_population_is_one_wandb_run_with_its_members_hparams_and_exploits(offline, tmp_path):
     out = tmp_path / "pbt-td3"
     result = popjax.train(out_dir=out, logger=["wandb"], **PBT_RUN)

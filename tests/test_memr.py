@@ -1,5 +1,6 @@
-"""MEMR (memr_sac): the model fit on a known linear system, Eq. 3.7 priorities (M1), the segmented model buffer (M2),
-IS weights in the Q loss only (M3), the chunk against its pieces, vmap == per-member loop, bad input, a run, resume."""
+"""MEMR (memr_sac): the model fit on a known linear system, its normalisation, held-out split and elites, Eq. 3.7
+priorities (M1), the segmented model buffer (M2), IS weights in the Q loss only (M3), real rows in SAC batches, fresh
+priorities, the oracle model, the chunk against its pieces, vmap == per-member loop, bad input, a run, resume."""
 
 from __future__ import annotations
 
@@ -21,11 +22,16 @@ import popjax
 from popjax import cli
 from popjax.buffers.prioritized import importance_weights, make_prioritized_buffer
 from popjax.buffers.segmented import segmented_init, segmented_sample, segmented_write
+from popjax.buffers.sources import ReplaySource
 from popjax.config import ConfigError, make_config
-from popjax.learners.memr import MEMRConfig, default_hparams, entropy_priority, make_memr, memr_core
+from popjax.drivers.replay import replay_updates
+from popjax.envs.base import to_native
+from popjax.envs.probes import pendulum
+from popjax.learners.memr import MEMRConfig, default_hparams, entropy_priority, held_out, make_memr, memr_core
 from popjax.learners.sac import SACConfig, SACHParams, make_sac
-from popjax.networks.dynamics import model_nll
+from popjax.networks.dynamics import model_nll, stats_init, stats_update
 from popjax.population.hparams import restrict
+from popjax.population.members import Members
 from popjax.population.tree import member, stack
 from popjax.types import EnvSpec, Transition
 
@@ -34,9 +40,8 @@ M = 16
 
 
 def config(**overrides) -> MEMRConfig:
-    base = dict(hidden=(16, 16), model_hidden=(32, 32), psi_hidden=(16,), ensemble=2, segments=4, sac_batch=8,
-                batch_size=M, model_update_every=2, model_epochs=1, psi_epochs=2, policy_updates=2,
-                termination="learned")
+    base = dict(hidden=(16, 16), model_hidden=(32, 32), psi_hidden=(16,), ensemble=2, elites=2, model_buffer=4 * M,
+                sac_batch=8, batch_size=M, model_steps=1, psi_epochs=2, policy_updates=2, termination="learned")
     return MEMRConfig(**{**base, **overrides})
 
 
@@ -67,37 +72,79 @@ def linear_batch(key, shape) -> Transition:
                       terminated=jnp.zeros(shape))
 
 
-def held_out_nll(core, params, batch) -> float:
-    target = jnp.concatenate([batch.next_obs - batch.obs, batch.reward[:, None]], axis=-1)
-    return float(model_nll(core.model_net, params, batch.obs, batch.action, target, batch.terminated,
-                           jnp.ones(batch.reward.shape)))
+def relative_error(core, state, batch) -> np.ndarray:
+    """Each member's mean squared error of its de-normalised mean prediction of ``(s' - s, r)``, over the
+    variance of the truth."""
+    norm = state.norm
+    mean, _, _ = core.model_net.apply(state.model, norm.inputs.normalize(jnp.concatenate([batch.obs, batch.action],
+                                                                                          -1)))
+    truth = jnp.concatenate([batch.next_obs - batch.obs, batch.reward[:, None]], -1)
+    return np.asarray(jnp.mean((norm.targets.denormalize(mean) - truth) ** 2, axis=(1, 2)) / jnp.var(truth))
 
 
-def test_model_fit_reduces_held_out_nll_on_a_known_linear_system():
-    c = config(model_update_every=8, model_epochs=25, batch_size=64)
-    core = memr_core(c, SPEC)
+@pytest.mark.long
+def test_model_fit_learns_a_known_linear_system_and_ranks_members_on_held_out_rows():
+    core = memr_core(config(model_steps=10, batch_size=64, ensemble=3, elites=1), SPEC)
     hp = hparams(model_lr=3e-3)
     state = jax.jit(core.init)(jax.random.key(0), hp)
-    train = linear_batch(jax.random.key(1), (8, 64))  # one fit's H = 8 batches of M = 64 real transitions
+    train = linear_batch(jax.random.key(1), (8, 64))
     test = linear_batch(jax.random.key(2), (512,))
-    before = held_out_nll(core, state.model, test)
-    fit = jax.jit(lambda s: core.fit_model(s, train, jnp.ones((8, 64)), hp))
+    fit = jax.jit(lambda s, b: core.fit_model(s, b, jnp.ones(64), hp))
     fitted = state
-    for _ in range(4):
-        fitted, _ = fit(fitted)
-    after = held_out_nll(core, fitted.model, test)
-    assert int(fitted.counts.model_fits) == 4
-    assert after < before - 10.0, (before, after)
-    # The mean prediction of every ensemble member is close to the true change and reward on held-out data.
-    mean, _, logit = core.model_net.apply(fitted.model, jnp.concatenate([test.obs, test.action], -1))
-    truth = jnp.concatenate([test.next_obs - test.obs, test.reward[:, None]], -1)
-    relative = jnp.mean((mean - truth) ** 2, axis=(1, 2)) / jnp.var(truth)
-    assert float(relative.max()) < 0.05, relative
-    assert bool(jnp.all(logit < 0))  # nothing terminates
+    for _ in range(6):
+        for h in range(8):
+            fitted, metrics = fit(fitted, member(train, h))
+    assert int(fitted.counts.model_fits) == 48
+    assert float(relative_error(core, fitted, test).max()) < 0.05, relative_error(core, fitted, test)
+    # The running held-out NLL fell from the first fit and ranks the members: the rollouts use the best one.
+    _, first = fit(state, member(train, 0))
+    assert float(metrics["model_val_nll"]) < float(first["model_val_nll"]) - 1.0
+    best = int(jnp.argmin(fitted.validation.loss()))
+    obs, action = test.obs[:8], test.action[:8]
+    next_obs, reward, _ = core.rollout(fitted, jax.random.key(3), obs, action)
+    norm = fitted.norm
+    mean, _, _ = core.model_net.apply(fitted.model, norm.inputs.normalize(jnp.concatenate([obs, action], -1)))
+    expected = norm.targets.denormalize(mean[best])
+    np.testing.assert_allclose(np.asarray(next_obs), np.asarray(obs + expected[:, :-1]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(reward), np.asarray(expected[:, -1]), rtol=1e-5, atol=1e-5)
 
 
+def test_running_statistics_by_hand():
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.normal(3.0, 2.0, (5, 2)).astype(np.float32), rng.normal(-1.0, 0.5, (3, 2)).astype(np.float32)
+    stats = stats_update(stats_update(stats_init(2), jnp.asarray(x1)), jnp.asarray(x2))
+    both = np.concatenate([x1, x2]).astype(np.float64)
+    assert int(stats.count) == 8
+    np.testing.assert_allclose(np.asarray(stats.mean), both.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(stats.std()), both.std(0), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(stats.normalize(jnp.asarray(both, jnp.float32))),
+                               (both - both.mean(0)) / both.std(0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(stats_init(2).std()), 1.0)  # before any data: the identity
+
+
+def test_a_fit_merges_the_real_rows_into_the_model_statistics():
+    batch = linear_batch(jax.random.key(1), (M,))
+    state, _ = jax.jit(CORE.fit_model)(INIT(jax.random.key(0), hparams()), batch, jnp.ones(M), hparams())
+    inputs = np.concatenate([batch.obs, batch.action], -1).astype(np.float64)
+    targets = np.concatenate([batch.next_obs - batch.obs, batch.reward[:, None]], -1).astype(np.float64)
+    for stats, rows in ((state.norm.inputs, inputs), (state.norm.targets, targets)):
+        assert int(stats.count) == M
+        np.testing.assert_allclose(np.asarray(stats.mean), rows.mean(0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(stats.std()), rows.std(0), rtol=1e-5)
+
+
+def test_the_held_out_split_is_a_fixed_fraction_of_the_transitions():
+    batch = linear_batch(jax.random.key(5), (4000,))
+    valid = np.asarray(held_out(batch.obs, batch.action, 0.2))
+    assert abs(valid.mean() - 0.2) < 0.025
+    again = np.asarray(held_out(batch.obs[::-1], batch.action[::-1], 0.2))[::-1]  # in another order, another batch
+    np.testing.assert_array_equal(valid, again)
+    np.testing.assert_array_equal(np.asarray(held_out(batch.obs, batch.action, 0.4))[valid], True)  # nested
+
+
+@pytest.mark.long
 def test_model_nll_is_the_gaussian_nll_by_hand():
-    core = memr_core(config(ensemble=1, model_hidden=(4,)), SPEC)
+    core = memr_core(config(ensemble=1, elites=1, model_hidden=(4,)), SPEC)
     params = core.model_net.init(jax.random.key(0), jnp.zeros((1, 5)))
     batch = linear_batch(jax.random.key(1), (5,))
     target = jnp.concatenate([batch.next_obs - batch.obs, batch.reward[:, None]], -1)
@@ -117,6 +164,7 @@ def refit_gain(data: np.ndarray, t: float) -> float:
     return 0.5 * math.log(np.var(np.append(data, t)) / np.var(data))
 
 
+@pytest.mark.long
 def test_m1_priority_by_hand_nonnegative_and_zero_at_the_mean():
     p = entropy_priority(jnp.array([1.0, 2.0]), jnp.array([0.0, 0.0]), jnp.log(jnp.array([1.0, 2.0])))
     assert float(p) == pytest.approx(0.5 * 1.0 + 0.5 * (2.0 / 2.0) ** 2)
@@ -151,7 +199,7 @@ def test_m1_priority_ranks_candidates_exactly_like_the_refit_entropy_gain():
 
 
 # --- M2: the segmented model buffer ---------------------------------------------------------------------------
-def test_m2_a_batch_never_mixes_segments_and_carries_the_segment_weights():
+def test_m2_a_batch_spans_the_segments_and_each_row_carries_its_own_segments_weight():
     segments, rows = 3, 6
     example = jnp.zeros(2)
     state = segmented_init(segments, rows, example)
@@ -161,25 +209,34 @@ def test_m2_a_batch_never_mixes_segments_and_carries_the_segment_weights():
         weights[s % segments] = (s, jnp.linspace(0.1, 1.0, rows) * (s + 1))
         state = segmented_write(state, items, weights[s % segments][1])
         assert int(state.filled) == min(s + 1, segments) and int(state.next) == (s + 1) % segments
-    seen = set()
-    for i in range(200):
-        items, w, segment = segmented_sample(jax.random.key(i), state, 8)
-        generation, segment_weights = weights[int(segment)]
-        np.testing.assert_array_equal(np.asarray(items[:, 0]), generation)  # one segment only
-        np.testing.assert_array_equal(np.asarray(w), np.asarray(segment_weights)[np.asarray(items[:, 1], int)])
-        seen.add(int(segment))
-    assert seen == {0, 1, 2}
+    items, w, segment = segmented_sample(jax.random.key(0), state, 3000)
+    for row, weight, seg in zip(np.asarray(items), np.asarray(w), np.asarray(segment), strict=True):
+        generation, segment_weights = weights[int(seg)]
+        assert row[0] == generation and weight == np.asarray(segment_weights)[int(row[1])]
+    counts = np.bincount(np.asarray(segment), minlength=segments)
+    assert len(set(np.asarray(segment[:8]).tolist())) > 1  # one batch mixes segments
+    np.testing.assert_allclose(counts / 3000, 1 / 3, atol=0.04)  # every segment equally likely
 
 
+def test_the_model_buffer_is_whole_segments_and_no_larger_than_the_run_writes():
+    assert config(model_buffer=1000).segments == 63  # 1000 rollouts in segments of M = 16, rounded up
+    assert MEMRConfig(batch_size=256).segments * 256 >= 100_000  # the default holds 1e5 rollouts
+    assert config(model_buffer=1000, total_env_steps=40, update_ratio=0.5).segments == 20  # one segment per update
+    assert INIT(jax.random.key(0), hparams()).rollouts.weights.shape == (4, M)
+
+
+@pytest.mark.long
 def test_m2_only_written_segments_are_sampled():
     state = segmented_write(segmented_init(5, 4, jnp.zeros(())), jnp.arange(4.0) + 1, jnp.ones(4))
-    for i in range(50):
-        items, _, segment = segmented_sample(jax.random.key(i), state, 4)
-        assert int(segment) == 0 and bool(jnp.all(items > 0))
+    state = segmented_write(state, jnp.arange(4.0) + 5, jnp.ones(4))
+    items, _, segment = segmented_sample(jax.random.key(0), state, 400)
+    assert set(np.asarray(segment).tolist()) == {0, 1} and bool(jnp.all(items > 0))
 
 
+@pytest.mark.long
 def test_m2_memr_writes_the_sources_weights_of_its_sampling_distribution():
-    """One chunk from a prioritized source: segment h holds batch h's importance weights (N P)^-beta / max w."""
+    """Two steps from a prioritized source: segment h holds batch h's importance weights (N P)^-beta / max w,
+    divided by their mean (comparable across segments)."""
     c = config()
     buffer = make_prioritized_buffer(64, M)
     real = linear_batch(jax.random.key(3), (64,))
@@ -193,14 +250,17 @@ def test_m2_memr_writes_the_sources_weights_of_its_sampling_distribution():
     assert float(weights.min()) < 0.9
     state = INIT(jax.random.key(0), hparams())
     state, _, priorities = UPDATE(jax.random.split(jax.random.key(1), 2), state, batches, weights, hparams())
-    np.testing.assert_array_equal(np.asarray(state.rollouts.weights[:2]), np.asarray(weights))
+    expected = np.asarray(weights) / np.asarray(weights).mean(axis=1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(state.rollouts.weights[:2]), expected, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(state.rollouts.weights[:2]).mean(axis=1), 1.0, rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(state.rollouts.data.obs[:2]), np.asarray(batches.obs))
     assert priorities.shape == (2, M) and bool(jnp.all(priorities >= 0))
     assert (int(state.counts.policy_updates), int(state.counts.model_rollouts), int(state.counts.model_fits)) == (
-        2 * c.policy_updates, 2 * M, 1)
+        2 * c.policy_updates, 2 * M, 2)
 
 
 # --- M3: IS weights enter the Q loss only ---------------------------------------------------------------------
+@pytest.mark.long
 def test_m3_weights_change_the_q_gradient_never_the_policy_gradient():
     core, hp = CORE, hparams()
     state = INIT(jax.random.key(0), hp)
@@ -219,6 +279,7 @@ def test_m3_weights_change_the_q_gradient_never_the_policy_gradient():
     assert float(m1["actor_loss"]) == float(m2["actor_loss"])
 
 
+@pytest.mark.long
 def test_m3_in_a_memr_step_the_weights_reach_the_critic_only():
     hp = hparams()
     state = INIT(jax.random.key(0), hp)
@@ -234,15 +295,16 @@ def test_m3_in_a_memr_step_the_weights_reach_the_critic_only():
 
 
 def rollout_terminations(termination: str, env_name: str) -> np.ndarray:
-    """The termination flags one MEMR step writes to the model buffer, on a spec named ``env_name``."""
+    """The termination flags of one batch of model rollouts (what a step writes to the model buffer), on a spec
+    named ``env_name``."""
     spec = EnvSpec(env_name, (3,), action_dim=2, action_low=(-1.0,) * 2, action_high=(1.0,) * 2)
     core = memr_core(config(termination=termination), spec)
-    state = core.init(jax.random.key(0), hparams())
     batch = linear_batch(jax.random.key(1), (M,))
-    state, _, _ = core.step(jax.random.key(2), state, batch, jnp.ones(M), hparams())
-    return np.asarray(state.rollouts.data.terminated[0])
+    key, model_key, obs = jax.random.key(0), jax.random.key(2), batch.obs
+    return np.asarray(jax.jit(lambda: core.rollout(core.init(key, hparams()), model_key, obs, batch.action)[2])())
 
 
+@pytest.mark.long
 def test_known_terminations_replace_the_learned_logit():
     learned = rollout_terminations("learned", "probe:pendulum")
     assert 0 < learned.sum() < M  # the untrained logit ends some rollouts and not others
@@ -259,8 +321,9 @@ def test_memr_and_sac_start_from_the_same_sac_networks():
     assert_trees_equal(INIT(key, hparams()).sac, sac_state)
 
 
+@pytest.mark.long
 def test_uniform_start_states_ignore_the_weights_and_declare_no_priorities():
-    c = config(start_states="uniform")
+    c = config(start_states="uniform", priority_lag=2)
     learner = make_memr(c, SPEC)
     assert not learner.step.priorities and not learner.step.by_priority and learner.step.chunk == 2
     assert make_memr(config(), SPEC).step.by_priority
@@ -274,15 +337,14 @@ def test_uniform_start_states_ignore_the_weights_and_declare_no_priorities():
     np.testing.assert_array_equal(np.asarray(a.rollouts.weights[:2]), 1.0)
 
 
-def test_the_chunk_is_a_model_fit_then_its_steps():
-    core, hp = CORE, hparams()
+def test_the_chunk_is_its_steps():
+    hp = hparams()
     state = INIT(jax.random.key(0), hp)
     batches = linear_batch(jax.random.key(1), (2, M))
     weights = jnp.linspace(0.2, 1.0, 2 * M).reshape(2, M)
     keys = jax.random.split(jax.random.key(4), 2)
     chunk, _, priorities = UPDATE(keys, state, batches, weights, hp)
-    by_hand, _ = jax.jit(core.fit_model)(state, batches, weights, hp)
-    expected = []
+    by_hand, expected = state, []
     for h in range(2):
         by_hand, _, p = STEP(keys[h], by_hand, member(batches, h), weights[h], hp)
         expected.append(p)
@@ -290,17 +352,92 @@ def test_the_chunk_is_a_model_fit_then_its_steps():
     assert_trees_close(priorities, jnp.stack(expected))
 
 
+@pytest.mark.parametrize("ratio,real", [(0.0, 0), (0.25, 2), (0.3, 2), (1.0, 8)])
+def test_real_ratio_puts_exactly_that_many_real_rows_in_each_sac_batch(ratio, real):
+    core = memr_core(config(real_ratio=ratio), SPEC)
+    rollouts = segmented_init(4, M, jax.tree.map(lambda x: x[0], linear_batch(jax.random.key(0), (1,))))
+    rollouts = segmented_write(rollouts, linear_batch(jax.random.key(1), (M,)), jnp.full(M, 0.5))
+    batch = linear_batch(jax.random.key(2), (M,))
+    batch = batch.replace(obs=batch.obs + 100.0)  # real rows are the ones far from the model's
+    weights = jnp.linspace(1.0, 2.0, M)
+    for i in range(5):
+        rows, w = core.sac_rows(jax.random.key(i), rollouts, batch, weights)
+        is_real = np.asarray(rows.obs[:, 0] > 50)
+        assert rows.obs.shape[0] == 8 and is_real.sum() == real
+        np.testing.assert_array_equal(np.asarray(w)[~is_real], 0.5)
+        assert set(np.round(np.asarray(w)[is_real], 5)) <= set(np.round(np.asarray(weights), 5))
+
+
+def test_a_priority_written_back_is_the_one_the_next_sampling_sees_with_lag_1():
+    """Two driver updates (``replay_updates``, ``priority_lag`` 1) equal sample -> step -> write twice by hand; by
+    hand with both batches drawn before the first write (a lag of 2) differs, so the check can fail."""
+    buffer = make_prioritized_buffer(64, M)
+
+    def sample(key, replay):
+        batch, info = buffer.sample(key, replay)
+        return batch, info.weights.reshape(-1), info.indices
+
+    source = ReplaySource(init=None, add=None, sample=sample, write_back=buffer.update)
+    real = linear_batch(jax.random.key(3), (64,))
+    replay = buffer.add(buffer.init(jax.tree.map(lambda x: x[0], real)), real)
+    members, hp, key = Members(1), hparams(), jax.random.key(9)
+    pop = lambda tree: jax.tree.map(lambda x: x[None], tree)
+    learner = make_memr(config(), SPEC)
+    assert learner.step.chunk == 1
+    driven = jax.jit(lambda s, r: replay_updates(learner, source, members, 2, key, s, r, pop(hp)))(
+        pop(INIT(jax.random.key(0), hp)), pop(replay))[0]
+
+    def by_hand(lagged: bool):
+        state, now, drawn = INIT(jax.random.key(0), hp), replay, []
+        for step_key in jax.random.split(key, 2):
+            sample_key, update_key = jax.random.split(step_key)
+            batch, weights, indices = sample(members.keys(sample_key)[0], replay if lagged else now)
+            state, _, priorities = STEP(members.keys(update_key)[0], state, batch, weights, hp)
+            now = buffer.update(now, indices, priorities)
+            drawn.append(indices)
+        return state, drawn
+
+    fresh, fresh_drawn = by_hand(lagged=False)
+    stale, stale_drawn = by_hand(lagged=True)
+    assert_trees_close(member(driven, 0), fresh)
+    assert not np.array_equal(np.asarray(fresh_drawn[1]), np.asarray(stale_drawn[1]))  # the write moved the draw
+    assert trees_differ(stale, fresh)
+
+
+def test_the_oracle_model_is_the_envs_own_step():
+    env = pendulum()
+    spec = env.spec
+    core = memr_core(config(model="oracle", termination="known"), spec)
+    states = jax.random.uniform(jax.random.key(0), (M, 2), minval=-8.0, maxval=8.0)  # unwrapped angles too
+    obs = jax.vmap(lambda s: env.step(s, jnp.zeros(1))[1])(states)  # observations of reachable states
+    action = jax.random.uniform(jax.random.key(1), (M, 1), minval=-1.0, maxval=1.0)
+    # the env's step from its own (unwrapped) state: the oracle sees only the observation
+    truth = jax.vmap(lambda s, a: env.step(env.step(s, jnp.zeros(1))[0], a))(states, to_native(spec, action))
+    state = core.init(jax.random.key(2), hparams())
+    next_obs, reward, terminated = core.rollout(state, jax.random.key(3), obs, action)
+    np.testing.assert_allclose(np.asarray(next_obs), np.asarray(truth[1]), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(reward), np.asarray(truth[2]), rtol=1e-5, atol=1e-4)
+    assert float(jnp.abs(reward).max()) > 1.0  # not a trivial range
+    np.testing.assert_array_equal(np.asarray(terminated), 0.0)
+    with pytest.raises(ValueError, match="no oracle model for test-linear"):
+        memr_core(config(model="oracle"), SPEC)
+
+
 # --- population, bad input, runs ------------------------------------------------------------------------------
 @pytest.mark.slow  # test_invariants checks vmap == loop for memr_sac in the default selection (unweighted)
-def test_vmapped_population_equals_per_member_loop():
-    learner = make_memr(config(), SPEC)
+@pytest.mark.parametrize("spec,options", [(SPEC, {}), (pendulum().spec, {"model": "oracle", "real_ratio": 0.5})])
+def test_vmapped_population_equals_per_member_loop(spec, options):
+    learner = make_memr(config(**options), spec)
+    obs_dim, act_dim = spec.obs_shape[0], spec.action_dim
     hps = stack([hparams(), hparams(actor_lr=1e-3, model_lr=3e-3), hparams(psi_lr=1e-2, discount=0.9)])
     states = jax.vmap(learner.init)(jax.random.split(jax.random.key(0), 3), hps)
     per_member = [member(states, i) for i in range(3)]
-    run, v_run = UPDATE, jax.jit(jax.vmap(learner.step.update))
+    run, v_run = jax.jit(learner.step.update), jax.jit(jax.vmap(learner.step.update))
     for t in range(2):
         keys = jax.random.split(jax.random.key(10 + t), 6).reshape(3, 2)
         batches = linear_batch(jax.random.key(20 + t), (3, 2, M))
+        batches = batches.replace(obs=batches.obs[..., :obs_dim], next_obs=batches.next_obs[..., :obs_dim],
+                                  action=batches.action[..., :act_dim])
         weights = jax.random.uniform(jax.random.key(30 + t), (3, 2, M), minval=0.1, maxval=1.0)
         states, metrics, priorities = v_run(keys, states, batches, weights, hps)
         outs = [run(keys[i], per_member[i], member(batches, i), weights[i], member(hps, i)) for i in range(3)]
@@ -312,8 +449,8 @@ def test_vmapped_population_equals_per_member_loop():
 
 RUN = dict(env="probe:pendulum", pop_size=2, total_env_steps=120, warmup_steps=40, rollout_len=20, eval_interval=60,
            eval_episodes=1, batch_size=8, buffer_size=200, buffer="prioritized", progress=False,
-           learner_config={"hidden": [8], "model_hidden": [8], "psi_hidden": [8], "ensemble": 2, "segments": 3,
-                           "sac_batch": 8, "model_update_every": 10, "model_epochs": 1, "psi_epochs": 1})
+           learner_config={"hidden": [8], "model_hidden": [8], "psi_hidden": [8], "ensemble": 2, "elites": 1,
+                           "model_buffer": 24, "sac_batch": 8, "model_steps": 1, "psi_epochs": 1})
 
 
 @pytest.mark.parametrize("options,field", [
@@ -321,8 +458,14 @@ RUN = dict(env="probe:pendulum", pop_size=2, total_env_steps=120, warmup_steps=4
     ({"batch_size": 0}, "batch_size"),
     ({"per_alpha": 1.5}, "per_alpha"),
     ({"per_alpha": -0.1}, "per_alpha"),
-    ({"learner_config": {"segments": 0}}, "learner_config.segments"),
-    ({"learner_config": {"segments": 3, "sac_batch": 25}}, "learner_config.segments"),
+    ({"learner_config": {"model_buffer": 0}}, "learner_config.model_buffer"),
+    ({"learner_config": {"model_buffer": 24, "sac_batch": 25}}, "learner_config.model_buffer"),
+    ({"learner_config": {"elites": 3}}, "learner_config.elites"),
+    ({"learner_config": {"real_ratio": 1.5}}, "learner_config.real_ratio"),
+    ({"learner_config": {"holdout": 0.0}}, "learner_config.holdout"),
+    ({"learner_config": {"priority_lag": 0}}, "learner_config.priority_lag"),
+    ({"learner_config": {"model": "exact"}}, "learner_config.model"),
+    ({"env": "probe:bandit", "learner_config": {"model": "oracle"}}, "learner_config.model"),
     ({"buffer": "uniform"}, "buffer"),
     ({"learner_config": {"start_states": "uniform"}}, "buffer"),
     ({"learner_config": {"start_states": "greedy"}}, "learner_config.start_states"),
@@ -338,11 +481,11 @@ def test_bad_memr_input_is_one_line_naming_the_field(options, field, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_discrete_env_and_a_model_period_that_splits_an_iteration_are_refused(tmp_path):
+def test_discrete_env_and_a_priority_lag_that_splits_an_iteration_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^env: memr_sac needs continuous actions"):
         popjax.train(learner="memr_sac", out_dir=tmp_path / "a", **{**RUN, "env": "probe:cartpole"})
-    bad = {**RUN, "learner_config": {**RUN["learner_config"], "model_update_every": 15}}
-    with pytest.raises(ConfigError, match=r"^learner_config\.model_update_every: .* must divide the updates per "):
+    bad = {**RUN, "learner_config": {**RUN["learner_config"], "priority_lag": 15}}
+    with pytest.raises(ConfigError, match=r"^learner_config\.priority_lag: must divide the updates per "):
         popjax.train(learner="memr_sac", out_dir=tmp_path / "b", **bad)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     make_config(learner="memr_sac", **{**RUN, "buffer": "uniform",
@@ -350,21 +493,24 @@ def test_discrete_env_and_a_model_period_that_splits_an_iteration_are_refused(tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("start_states", ["prioritized", "uniform"])
-def test_a_memr_population_trains_counts_and_resumes_exactly(start_states, tmp_path):
+@pytest.mark.parametrize("start_states,extra", [("prioritized", {}), ("uniform", {}),
+                                                ("prioritized", {"model": "oracle", "real_ratio": 0.5,
+                                                                 "priority_lag": 2})])
+def test_a_memr_population_trains_counts_and_resumes_exactly(start_states, extra, tmp_path):
     options = {**RUN, "learner": "memr_sac", "buffer": start_states,
-               "learner_config": {**RUN["learner_config"], "start_states": start_states}}
+               "learner_config": {**RUN["learner_config"], "start_states": start_states, **extra}}
     full, resumed = train_cut_and_resume(tmp_path, options, cut_env_steps=60)
     assert resumed.summary["final_returns"] == full.summary["final_returns"]
     assert_trees_equal(resumed.state, full.state)
     updates = (120 - 40) // 20 * 20
     assert full.summary["updates"] == updates
     assert full.summary["counts"] == {"policy_updates": updates, "model_rollouts": 8 * updates,
-                                      "model_fits": updates // 10}
+                                      "model_fits": updates}
     counts = full.state.learner.counts
     np.testing.assert_array_equal(counts.policy_updates, updates)
     np.testing.assert_array_equal(counts.model_rollouts, 8 * updates)
-    np.testing.assert_array_equal(counts.model_fits, updates // 10)
+    np.testing.assert_array_equal(counts.model_fits, updates)
+    assert int(full.state.learner.norm.inputs.count[0]) == 8 * updates  # the statistics are restored too
     assert np.isfinite(full.summary["final_returns"]).all()
 
 
@@ -372,14 +518,16 @@ def test_a_memr_population_trains_counts_and_resumes_exactly(start_states, tmp_p
     (["--learner-config", "ensemble=0"], "learner_config.ensemble: must lie in [1, 64], got 0"),
     (["--batch-size", "0"], "batch_size: must lie in [1, 1048576], got 0"),
     (["--set", "per_alpha=1.2"], "per_alpha: must lie in [0, 1], got 1.2"),
-    (["--learner-config", "segments=0"], "learner_config.segments: must lie in [1, 1000000], got 0"),
-    (["--learner-config", "segments=1", "--learner-config", "sac_batch=512"],
-     "learner_config.segments: a model buffer of 1 x 256 (batch_size) rollouts is smaller than one SAC batch of 512"),
+    (["--learner-config", "model_buffer=0"], "learner_config.model_buffer: must lie in [1, 100000000], got 0"),
+    (["--learner-config", "model_buffer=300", "--learner-config", "sac_batch=512"],
+     "learner_config.model_buffer: a model buffer of 300 rollouts is smaller than the 512 model rows of one SAC "
+     "batch"),
+    (["--learner-config", "elites=9"], "learner_config.elites: must be at most ensemble (7), got 9"),
     (["--set", "buffer=uniform"], "buffer: the memr_sac learner draws its samples by priority, which the uniform "
                                   "source does not (allowed: prioritized)"),
     (["--env", "probe:cartpole", "--set", "buffer=prioritized"], "env: memr_sac needs continuous actions"),
-    (["--learner-config", "model_update_every=30"], "learner_config.model_update_every: x update_ratio (30 updates) "
-                                                    "must divide the updates per iteration (50"),
+    (["--learner-config", "priority_lag=30"], "learner_config.priority_lag: must divide the updates per iteration "
+                                              "(50"),
 ])
 def test_cli_refuses_bad_memr_input_in_one_line_with_exit_2(argv, message, capsys, tmp_path):
     out = tmp_path / "run"

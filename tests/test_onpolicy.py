@@ -77,6 +77,7 @@ def hand_trajectory() -> Trajectory:
     return Trajectory(transitions, jnp.asarray(ENDED))
 
 
+@pytest.mark.long
 def test_behaviour_batch_is_the_flat_time_major_trajectory_with_its_gae():
     batch = onpolicy.behaviour_batch(ObsNet, None, hand_trajectory(), GAMMA, LAM)
     # flat index = t * envs + e
@@ -139,6 +140,7 @@ def test_a2c_truncated_is_loss_by_hand():
     np.testing.assert_allclose(loss, pg + 0.5 * VALUE_LOSS - 0.01 * ENTROPY, rtol=1e-6)
 
 
+@pytest.mark.long
 def test_truncated_is_scales_the_policy_gradient_by_the_truncation():
     """On-policy (mu = pi) every ratio is 1: is_clip >= 1 gives A2C's gradient, is_clip = 0.5 half of its
     policy-gradient part (no value or entropy term here)."""
@@ -150,6 +152,7 @@ def test_truncated_is_scales_the_policy_gradient_by_the_truncation():
         np.testing.assert_allclose(grads["logits"], scale * plain["logits"], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.long
 def test_tanh_gaussian_log_prob_and_actions_in_range():
     mean, log_std = jnp.array([[0.0, 1.0]]), jnp.array([[0.0, math.log(2.0)]])
     u = np.array([0.5, -1.0])
@@ -190,6 +193,7 @@ MEMBER_HPARAMS = {"ppo": [dict(), dict(lr=1e-3, clip=0.1, discount=0.9), dict(ga
                   "a2c": [dict(), dict(lr=1e-3, discount=0.9), dict(gae_lambda=0.8, ent_coef=0.0, max_grad_norm=0.1)]}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("name", "kind"), [("ppo", "discrete"), ("ppo", "continuous"), ("a2c", "discrete"),
                                             ("a2c", "continuous")])
 def test_vmap_equals_the_per_member_loop(name, kind):
@@ -226,6 +230,7 @@ print("initialised")
 """
 
 
+@pytest.mark.long
 def test_a_population_of_orthogonally_initialised_members_initialises_without_deadlock():
     """Regression: a vmapped init of 8 PPO members (17-d obs, 6-d actions) deadlocked in jaxlib's batched QR on
     a 2-thread CPU pool, every time; members are now initialised one after the other. A fresh process, so a
@@ -264,6 +269,7 @@ def a2c_plain(net, state, trajectory, hp, at_params):
     return adam_step(state.params, grads, state.opt, hp.lr)[0]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])
 def test_a2c_eq6_gradient_at_the_behaviour_params_applied_to_the_current_ones(kind):
     definition, learner, spec = tiny("a2c", kind)
@@ -306,6 +312,7 @@ def test_a2c_truncated_is_takes_the_gradient_at_the_current_params(kind):
     assert float(metrics["is_weight"]) < 1.0  # another policy collected the data: weights truncated below 1
 
 
+@pytest.mark.long
 def test_ppo_takes_old_log_probs_and_advantages_from_the_behaviour_state():
     definition, learner, spec = tiny("ppo", "discrete", epochs=1, minibatches=1, normalize_advantages=False)
     net = onpolicy.network((8, 8), spec)
@@ -391,6 +398,7 @@ PBT_RUN = dict(learner="ppo", env="probe:cartpole", driver="pbt", pop_size=4, se
                pbt={"interval": 256, "quantile": 0.25}, progress=False)
 
 
+@pytest.mark.long
 def test_pbt_with_ppo_exploits_without_recompiling():
     from popjax.experiment import build
 
@@ -448,6 +456,7 @@ def test_pbt_ppo_run_killed_mid_training_resumes_bit_identically(tmp_path):
     # A2C: 8 envs x 8 steps per update
     ("a2c", dict(rollout_len=8, envs_per_member=8, total_env_steps=40_000), 150.0),
 ])
+@pytest.mark.long
 def test_learns_cartpole(name, options, threshold, tmp_path):
     """Random play scores about 22; both members' final mean return (5 episodes each) must pass the threshold."""
     jax.config.update("jax_disable_most_optimizations", False)  # a real run: optimized programs
@@ -456,6 +465,7 @@ def test_learns_cartpole(name, options, threshold, tmp_path):
     assert np.mean(run.summary["final_returns"]) >= threshold, run.summary["final_returns"]
 
 
+@pytest.mark.long
 def test_gym_cartpole_and_a_continuous_env_run_end_to_end(tmp_path):
     pytest.importorskip("gymnasium")
     run = popjax.train(learner="ppo", env="gym:CartPole-v1", pop_size=2, total_env_steps=256, rollout_len=32,

@@ -3,13 +3,12 @@
 import csv
 import functools
 import json
-import os
-import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from learner_helpers import use_shared_xla_cache
 
 from popjax.config import ConfigError
 from popjax.drivers.base import Counters
@@ -78,6 +77,7 @@ def assert_same_member(tree_a, a, tree_b, b):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.long
 def test_bottom_quantile_copies_full_state_of_a_top_parent():
     state, hp = population(8)
     # ranks (ties: lower index ranks higher): 4, 7, 0, 2, 3, 5, 6, 1 -> losers {6, 1}, winners {4, 7}
@@ -130,6 +130,7 @@ def test_copy_buffer_copies_the_replay_buffer_too():
     np.testing.assert_array_equal(new_buf["obs"][:3], np.asarray(buffers["obs"])[:3])
 
 
+@pytest.mark.long
 def test_nan_fitness_and_non_finite_params_are_always_replaced():
     state, hp = toy_population(6)
     # member 1 has an inf parameter: broken although its fitness is the best
@@ -152,6 +153,7 @@ def test_nan_fitness_and_non_finite_params_are_always_replaced():
     assert set(info["parent"][[1, 5]].tolist()) <= {0, 2}
 
 
+@pytest.mark.long
 def test_perturb_moves_by_the_factors_inside_the_space():
     state, hp = toy_population(8)
     config = PBTConfig(quantile=0.5, explore="perturb", perturb_factors=(0.8, 1.2), resample_probability=0.0,
@@ -179,6 +181,7 @@ def test_perturb_moves_by_the_factors_inside_the_space():
     assert int(perturb_value(key, jnp.int32(2), Range(1, 5, integer=True), (1.2,))) == 3
 
 
+@pytest.mark.long
 def test_samplers_stay_in_the_space_and_integers_are_uniform():
     key = jax.random.key(0)
     ints = np.asarray(Range(1, 5, integer=True).sample(key, (20_000,)))
@@ -263,6 +266,7 @@ def counted_td3(monkeypatch) -> list:
     return traces
 
 
+@pytest.mark.long
 def test_no_retrace_after_exploit(monkeypatch):
     """The iteration is traced once although PBT changed every hparam value (incl. int32 delay)."""
     from popjax.config import make_config
@@ -340,13 +344,11 @@ PBT_RUN = dict(learner="td3", env="probe:pendulum", driver="pbt", pop_size=2, se
 
 
 def enable_xla_cache():
-    """Compiled executables shared between runs and processes (speed only; results are identical)."""
-    path = os.path.join(tempfile.gettempdir(), f"popjax-test-xla-cache-{os.getuid()}")
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    return path
+    """The suite's compile cache, shared between runs and processes (speed only; results are identical)."""
+    return use_shared_xla_cache()
 
 
+@pytest.mark.long
 def test_pbt_run_records_lineage_hparams_and_plots(tmp_path, monkeypatch):
     import popjax
 

@@ -25,6 +25,7 @@ def sigma(fitness, k=0.1, margin=0.05):
     return np.flatnonzero(np.asarray(loser)).tolist(), sorted(np.asarray(order)[: int(leaders)].tolist())
 
 
+@pytest.mark.long
 def test_sigma_threshold_selects_what_the_hand_computation_names():
     # o = 0..7: mean 3.5, std 2.291288; k = 0.1 -> cuts 3.729129 / 3.270871
     assert sigma(np.arange(8.0)) == ([0, 1, 2, 3], [4, 5, 6, 7])
@@ -35,6 +36,7 @@ def test_sigma_threshold_selects_what_the_hand_computation_names():
     assert sigma([0.50, 0.52, 0.55, 0.60], margin=0.025) == ([0], [3])  # lower 0.5175
 
 
+@pytest.mark.long
 def test_sigma_losers_copy_a_leader_or_keep_their_weights():
     state, hp = toy_population(8)
     config = PBTConfig(selection="sigma", threshold_std=1.0, threshold_abs=0.05, search_space=TD3_SPACE)
@@ -85,6 +87,7 @@ def release_config(**kw):
                      optimizer_state=(("actor_opt", "actor"), ("critic_opt", "critic")), **kw)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("reset", [False, True])
 def test_policy_copy_leaves_the_critic_and_buffer_untouched(reset):
     states, hp = td3_states()
@@ -200,6 +203,7 @@ def toy_pbt(propose, seed, rounds=10, pop=8):
     return float(np.mean(gains[4:]))  # after the first two rounds (no data yet: both pick at random)
 
 
+@pytest.mark.long
 def test_pb2_proposes_better_points_than_random_resampling():
     random = lambda bandit, contexts, rng: [rng.uniform(size=2) for _ in contexts]
     gp = lambda bandit, contexts, rng: bandit.propose(contexts, rng)
@@ -297,6 +301,7 @@ def kill_and_resume(run, tmp_path):
 
 # PB2 (host state that must resume) runs by default; the others behind `slow` (make test-slow), to keep the
 # default suite within its time.
+@pytest.mark.long
 @pytest.mark.parametrize("name", [name if name == "pb2" else pytest.param(name, marks=pytest.mark.slow)
                                   for name in STRATEGIES])
 def test_strategy_runs_traced_once_and_resumes_exactly(name, tmp_path, compilers):
@@ -349,6 +354,7 @@ def csv_rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.long
 def test_lineage_csv_has_every_member_at_every_round(pbt_run):
     rows = csv_rows(pbt_run.out_dir / "lineage.csv")
     assert list(rows[0])[:5] == ["round", "member", "parent", "fitness", "env_steps"] and "actor_lr" in rows[0]
@@ -360,6 +366,7 @@ def test_lineage_csv_has_every_member_at_every_round(pbt_run):
     assert (pbt_run.out_dir / "plots" / "pbt_lineage.png").stat().st_size > 10_000
 
 
+@pytest.mark.long
 def test_schedule_replay_reproduces_the_best_members_hparams_at_every_round(pbt_run, tmp_path, capsys):
     import yaml
 
@@ -438,6 +445,7 @@ def check_relations(hp):
     return table
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("explore", ["resample", "perturb"])
 def test_constraints_are_never_violated_in_10k_draws(explore):
     from popjax.drivers.pbt_round import initial_hparams

@@ -24,6 +24,7 @@ def leaves_of(state, capacity):
     return np.asarray(jax.vmap(lambda tree: tree_leaves(tree, capacity))(state.tree))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("delay", [1, 3])
 def test_each_write_lands_exactly_d_minus_1_updates_later(delay):
     """Against a Python loop: the write made at update t is visible after update t + D - 1 and not before."""
@@ -56,6 +57,7 @@ def test_each_write_lands_exactly_d_minus_1_updates_later(delay):
         assert int(state.pending.count) == delay - 1
 
 
+@pytest.mark.long
 def test_delay_one_is_the_immediate_write():
     """D = 1 keeps the buffer state of before (no FIFO leaves) and writes at once."""
     buf = make_prioritized_buffer(8, batch_size=4)

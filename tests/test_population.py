@@ -45,6 +45,7 @@ def filled_population(learner, pop_size=POP):
     return population, state, Experience(items, jnp.zeros(pop_size), jnp.zeros(pop_size), items.terminated > 0), buffer
 
 
+@pytest.mark.long
 def test_population_train_equals_each_member_trained_alone():
     learner = td3.make_td3(CONFIG, SPEC)
     population, state, rollout, buffer = filled_population(learner)
@@ -96,6 +97,7 @@ def test_population_step_traces_once_across_hparam_changes():
     assert train._cache_size() == 1
 
 
+@pytest.mark.long
 def test_fixed_policy_delay_chunks_equal_the_traced_gate():
     """TD3 with ``fixed_policy_delay`` (d - 1 critic-only steps, then one full step) = the traced gate."""
     import dataclasses

@@ -78,6 +78,7 @@ def _params(run):
     return np.concatenate(leaves)
 
 
+@pytest.mark.long
 def test_a_run_records_and_applies_its_precision(tmp_path):
     runs = {name: popjax.train(out_dir=tmp_path / name, **{**TINY, "matmul_precision": name})
             for name in ("default", "highest", "bf16")}

@@ -46,6 +46,7 @@ def test_every_preset_is_a_valid_config():
         popjax.make_config(learner=learner, env=env, **preset)
 
 
+@pytest.mark.long
 def test_the_resolved_preset_is_written_into_config_yaml(tmp_path):
     popjax.train(learner="dqn", env="gym:CartPole-v1", out_dir=tmp_path / "run", total_env_steps=600,
                  warmup_steps=256, eval_interval=600, eval_episodes=1, pop_size=2, progress=False)

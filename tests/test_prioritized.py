@@ -48,6 +48,7 @@ def rows(start, n):
 # ------------------------------------------------------------------------------------------------------ sum tree
 
 
+@pytest.mark.long
 @HYP
 @given(branching=st.sampled_from(BRANCHINGS), capacity=st.sampled_from(CAPACITIES), data=st.data())
 def test_find_matches_numpy_searchsorted_oracle(branching, capacity, data):
@@ -80,6 +81,7 @@ def test_q1_sampled_histogram_matches_priorities_to_the_alpha(branching, alpha):
     np.testing.assert_allclose(probabilities, expected[np.asarray(indices)], rtol=1e-5)
 
 
+@pytest.mark.long
 @HYP
 @given(branching=st.sampled_from(BRANCHINGS), capacity=st.sampled_from(CAPACITIES[1:]), data=st.data())
 def test_q2_zero_priority_and_padded_leaves_are_never_sampled(branching, capacity, data):
@@ -101,6 +103,7 @@ def test_q2_upper_edge_lands_on_the_last_positive_leaf():
     np.testing.assert_array_equal(find(tree, jnp.array([0.0, 3.0, 3.5, 1e9])), [1, 2, 2, 2])
 
 
+@pytest.mark.long
 @HYP
 @given(branching=st.sampled_from(BRANCHINGS), capacity=st.sampled_from(CAPACITIES), data=st.data())
 def test_q3_root_is_sum_of_leaves_after_updates_with_duplicates(branching, capacity, data):
@@ -162,6 +165,7 @@ def test_priority_from_td_is_abs_plus_eps_to_the_alpha():
 # -------------------------------------------------------------------------------------------------------- buffer
 
 
+@pytest.mark.long
 def test_circular_insertion_size_tracking_and_new_rows_at_max_priority():
     buf = make_prioritized_buffer(capacity=5, batch_size=2, branching=2)
     state = buf.init(dummy_transition(SPEC))
@@ -178,6 +182,7 @@ def test_circular_insertion_size_tracking_and_new_rows_at_max_priority():
     np.testing.assert_allclose(leaves, [max_p, max_p, 1, max_p, max_p], rtol=1e-6)
 
 
+@pytest.mark.long
 def test_samples_only_valid_rows_and_priorities_drive_sampling():
     buf = make_prioritized_buffer(capacity=64, batch_size=256)
     state = buf.init(dummy_transition(SPEC))
@@ -194,6 +199,7 @@ def test_samples_only_valid_rows_and_priorities_drive_sampling():
     np.testing.assert_allclose(info.weights, 1.0)
 
 
+@pytest.mark.long
 def test_non_finite_td_errors_write_the_max_priority():
     buf = make_prioritized_buffer(capacity=8, batch_size=4)
     state = buf.add(buf.init(dummy_transition(SPEC)), rows(0, 8))
@@ -204,6 +210,7 @@ def test_non_finite_td_errors_write_the_max_priority():
     assert np.isfinite(np.asarray(state.tree.levels[0])).all() and float(state.max_priority[0]) == max_p
 
 
+@pytest.mark.long
 def test_banks_take_env_slices_round_robin():
     buf = make_prioritized_buffer(capacity=12, batch_size=6, banks=3)
     state = buf.init(dummy_transition(SPEC))
@@ -221,6 +228,7 @@ def test_banks_take_env_slices_round_robin():
         buf.add(state, rows(0, 4))
 
 
+@pytest.mark.long
 def test_b1_bank_share_turns_bank_local_into_global_probabilities():
     banks = 4
     buf = make_prioritized_buffer(capacity=32, batch_size=64, banks=banks)
@@ -238,6 +246,7 @@ def test_b1_bank_share_turns_bank_local_into_global_probabilities():
     np.testing.assert_allclose(info.bank_share, np.arange(1, banks + 1) / np.arange(1, banks + 1).sum(), rtol=1e-6)
 
 
+@pytest.mark.long
 def test_vmap_over_members_equals_a_loop_leaf_for_leaf():
     pop, banks = 3, 2
     buf = make_prioritized_buffer(capacity=16, batch_size=8, banks=banks)

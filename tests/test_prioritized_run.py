@@ -1,13 +1,11 @@
 """``buffer: prioritized`` in a run: TD3, SAC and DQN train through the independent driver and write priorities."""
 
-import os
 import shutil
-import tempfile
 
 import jax
 import numpy as np
 import pytest
-from learner_helpers import assert_trees_equal
+from learner_helpers import assert_trees_equal, use_shared_xla_cache
 
 import popjax
 from popjax.buffers.prioritized import tree_leaves
@@ -26,11 +24,10 @@ BASE = dict(env="probe:pendulum", pop_size=2, seed=3, total_env_steps=300, warmu
 @pytest.fixture(autouse=True)
 def xla_cache():
     """Compiled programs shared between runs (speed only; results are identical), as in test_drivers."""
-    jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(),
-                                                                f"popjax-test-xla-cache-{os.getuid()}"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    use_shared_xla_cache()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("learner", ["td3", "sac", "dqn"])
 def test_prioritized_run_trains_and_priorities_change(learner):
     env = {"env": "probe:cartpole"} if learner == "dqn" else {}
@@ -48,6 +45,7 @@ def test_prioritized_run_trains_and_priorities_change(learner):
     np.testing.assert_allclose(state.buffer.hyper.beta, 0.5)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["td3", "sac", "dqn"])
 def test_weighted_update_with_unit_weights_equals_update(name):
     spec = (EnvSpec("t", (3,), num_actions=2) if name == "dqn"
@@ -75,6 +73,7 @@ def test_prioritized_replay_is_refused_where_it_is_not_supported():
         make_config(learner="td3", driver="cemrl", **BASE)
 
 
+@pytest.mark.long
 def test_pbt_with_prioritized_replay_resumes_exactly(tmp_path):
     """PBT copies prioritized buffers with their trees; a kill and ``resume`` restores them leaf for leaf."""
     opts = dict(BASE, learner="td3", pop_size=4, checkpoint_interval=50, driver="pbt",

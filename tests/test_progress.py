@@ -64,6 +64,7 @@ def test_disabled_writes_nothing(monkeypatch, force_terminal):
     assert _train(monkeypatch, console, enabled=False) == ""
 
 
+@pytest.mark.long
 def test_popjax_train_with_stdout_to_a_file_logs_complete_lines(tmp_path):
     """End to end: `popjax train > file` (as under nohup or CI) gets one complete line per evaluation."""
     import os

@@ -19,6 +19,7 @@ def test_the_quickstart_has_the_commands_this_test_runs():
     assert "popjax.train(" in PYTHON.text
 
 
+@pytest.mark.long
 def test_the_python_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train = popjax.train
@@ -44,6 +45,7 @@ def test_the_cli_examples_run_in_order(tmp_path, monkeypatch, capsys):
     assert "dueling: true" in (runs / "dqn-gym_CartPole-v1" / "config.yaml").read_text()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("width", [40, 300])
 def test_the_results_table_never_cuts_numbers(width, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", str(width))

@@ -52,6 +52,7 @@ def _replayed(key, learner, state, hp, offset: float = 0.0, stored=None) -> Repl
 
 
 # --- E1: rho against scipy ------------------------------------------------------------------------------
+@pytest.mark.long
 def test_e1_rho_matches_scipy_densities_and_is_clipped():
     rng = np.random.default_rng(0)
     u, m_pi, m_mu = (rng.normal(size=(5, 3)) * 0.3 for _ in range(3))
@@ -78,6 +79,7 @@ def test_e2_near_mask_is_strict_and_c_max_at_most_one_disables_it():
 
 
 # --- E3: beta = 1 and c_max = inf reproduce the base update bit for bit ------------------------------------
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["td3", "sac"])
 def test_e3_reduction_to_the_base_update_bit_for_bit(kind):
     learner = _learner(kind)
@@ -124,6 +126,7 @@ def test_e3_act_is_the_base_act_and_records_the_behaviour():
 
 
 # --- E4: an all-far batch --------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_e4_all_far_batch_gives_no_gradient_at_beta_one_and_only_kl_below():
     learner = _learner("td3")
     for beta in (1.0, 0.5):
@@ -154,6 +157,7 @@ def test_e4_all_far_batch_gives_no_gradient_at_beta_one_and_only_kl_below():
 
 
 # --- E5: divided by B, not by the near count ----------------------------------------------------------------
+@pytest.mark.long
 def test_e5_task_gradient_is_the_near_sum_over_b():
     core = td3.td3_core(td3.TD3Config(hidden=HIDDEN, batch_size=BATCH), SPEC)
     state = core.init(jax.random.key(0), td3.default_hparams())
@@ -175,6 +179,7 @@ def test_e5_task_gradient_is_the_near_sum_over_b():
 
 
 # --- E6: the KL ---------------------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_e6_kl_closed_form_against_monte_carlo_grad_and_the_papers_bounds():
     rng = np.random.default_rng(1)
     m_p, m_q = rng.normal(size=3) * 0.5, rng.normal(size=3) * 0.5
@@ -240,6 +245,7 @@ def test_e7_learner_anneals_c_max_and_optionally_the_lr():
 
 
 # --- E8: the delta* table -----------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_e8_delta_star_table_by_sampling():
     sigma, n = 0.2, 400_000
     a = jax.random.normal(jax.random.key(0), (n, 1)) * sigma  # a ~ mu = N(0, sigma^2)
@@ -253,6 +259,7 @@ def test_e8_delta_star_table_by_sampling():
 
 
 # --- E9: stored rho refreshed at the sampled rows only ------------------------------------------------------------
+@pytest.mark.long
 def test_e9_rho_refreshed_only_at_sampled_rows_and_far_fraction_with_current_c_max():
     learner = _learner("td3")
     config = make_config(learner="refer_td3", env="probe:pendulum", buffer_size=N_STORED, batch_size=BATCH,
@@ -292,6 +299,7 @@ def test_e9_rho_refreshed_only_at_sampled_rows_and_far_fraction_with_current_c_m
 
 
 # --- E10: members with different (C, D, beta) under vmap equal a loop ----------------------------------------------
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["td3", "sac"])
 def test_e10_vmapped_members_equal_a_loop(kind):
     learner = _learner(kind)
@@ -357,6 +365,7 @@ def test_refused_combinations_are_one_line():
 
 
 # --- drivers: PBT's recompute after an exploit, HTS's stored behaviour -------------------------------------------
+@pytest.mark.long
 def test_exploited_members_recompute_every_stored_rho():
     """``refresh_replaced``: a replaced member's whole replay gets the ratios of its new learner state (one call),
     the others keep theirs."""
@@ -384,6 +393,7 @@ def test_exploited_members_recompute_every_stored_rho():
     assert_trees_equal(member(out.buffer, 1), replays[1])
 
 
+@pytest.mark.long
 def test_hts_driver_stores_the_behaviour_and_writes_rho_back(tmp_path):
     import popjax
 
@@ -434,6 +444,7 @@ PB2_RUN = dict(learner="refer_td3", pop_size=4, seed=3, total_env_steps=400, war
                     "search_space": {"exploration_noise": {"low": 0.05, "high": 0.5}}})
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("driver", ["pbt", "hts"])
 def test_pb2_proposal_reaches_the_replaced_members_ratios(driver):
     """Issue 37: under ``explore: pb2`` a replaced member's stored ratios are those of its learner state *and* the

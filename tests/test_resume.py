@@ -7,13 +7,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from learner_helpers import use_shared_xla_cache
 
 import popjax
 from popjax.checkpoint import Checkpointer, CheckpointWarning
@@ -45,10 +45,8 @@ popjax.train(out_dir=sys.argv[1], **json.loads(sys.argv[2]))
 
 
 def xla_cache() -> str:
-    path = os.path.join(tempfile.gettempdir(), f"popjax-test-xla-cache-{os.getuid()}")
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    return path
+    """The suite's compile cache (also the child processes')."""
+    return use_shared_xla_cache()
 
 
 @pytest.fixture(scope="module")

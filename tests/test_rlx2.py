@@ -64,6 +64,7 @@ def assert_exact_nnz(state, hp):
             assert not np.asarray(w)[~np.asarray(m)].any()  # exactly 0 where masked
 
 
+@pytest.mark.long
 def test_init_masks_follow_er_and_targets_start_masked():
     learner, _ = make()
     hp = hparams()
@@ -76,6 +77,7 @@ def test_init_masks_follow_er_and_targets_start_masked():
     assert_trees_equal(state.inner.target_actor, state.inner.actor)
 
 
+@pytest.mark.long
 def test_optimizer_sees_only_masked_gradients():  # U4
     learner, _ = make()
     hp = hparams(policy_delay=1)
@@ -96,6 +98,7 @@ def test_optimizer_sees_only_masked_gradients():  # U4
     assert np.abs(hidden_grad[~hidden_mask]).sum() > 0
 
 
+@pytest.mark.long
 def test_targets_are_masked_polyak_averages():  # U5
     learner, _ = make()
     hp = hparams(policy_delay=1, tau=0.3)
@@ -112,6 +115,7 @@ def test_targets_are_masked_polyak_averages():  # U5
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("topology", ["rigl", "set"])
 def test_topology_steps_keep_exact_nnz_and_change_the_support(topology):  # U2/U3 inside the learner
     learner, config = make(topology=topology)
@@ -137,6 +141,7 @@ def test_topology_steps_keep_exact_nnz_and_change_the_support(topology):  # U2/U
             assert (np.asarray(before) != np.asarray(after)).any()
 
 
+@pytest.mark.long
 def test_no_topology_step_after_the_end():  # U3
     learner, _ = make(dst_end=5)
     hp = hparams()
@@ -169,6 +174,7 @@ def member_run(key, hp):
     return state
 
 
+@pytest.mark.long
 def test_vmap_over_members_with_different_sparsities_equals_per_member_runs():  # U9
     hps = [hparams(actor_sparsity=0.5, drop_fraction=0.1), hparams(actor_sparsity=0.9, critic_sparsity=0.95),
            hparams(actor_sparsity=0.95, critic_sparsity=0.5, drop_fraction=0.9, policy_delay=1)]
@@ -206,6 +212,7 @@ RUN = dict(learner="rlx2_td3", env="probe:pendulum", pop_size=2, total_env_steps
            hparams={"actor_sparsity": [0.6, 0.9], "critic_sparsity": 0.8})
 
 
+@pytest.mark.long
 def test_a_population_trains_with_exact_masks_and_resumes_bit_identically(tmp_path):
     full, resumed = train_cut_and_resume(tmp_path, RUN, cut_env_steps=200)
     assert_trees_equal(resumed.state, full.state)
@@ -219,6 +226,7 @@ def test_a_population_trains_with_exact_masks_and_resumes_bit_identically(tmp_pa
     np.testing.assert_array_equal(full.state.buffer.size, [317, 317])
 
 
+@pytest.mark.long
 def test_rows_show_the_latest_topology_steps_drop_fractions(tmp_path):
     # Evaluations at 100 and 300 updates; topology steps every 40 updates, the latest at 80 and 280 (dst_end 300).
     run = popjax.train(out_dir=tmp_path / "run", **RUN)
@@ -227,6 +235,7 @@ def test_rows_show_the_latest_topology_steps_drop_fractions(tmp_path):
     np.testing.assert_allclose([r["critic_drop_fraction"] for r in rows], expected, atol=1e-7)
 
 
+@pytest.mark.long
 def test_pbt_exploits_keep_exact_masks(tmp_path):
     # Members start with different actor sparsities; an exploit copies the parent's masks with its sparsity.
     space = {"actor_lr": {"low": 1e-4, "high": 1e-3, "log": True}}
@@ -291,6 +300,7 @@ def test_costs_against_hand_counts():  # U8 through the learner: sizes and FLOPs
     assert costs["inference_flops_reduction"][1] > 5
 
 
+@pytest.mark.long
 def test_multi_step_target_by_hand():  # U6: termination and truncation inside the window, and n = 1 before T0
     actor, critic = td3.DeterministicActor((8,), SPEC.action_dim), td3.TwinCritic((8,))
     key_init = jax.random.split(jax.random.key(0))
@@ -323,6 +333,7 @@ def test_multi_step_target_by_hand():  # U6: termination and truncation inside t
                                want_one, rtol=1e-6)
 
 
+@pytest.mark.long
 def test_windows_are_consecutive_steps_of_one_env_and_never_cross_the_write_position():
     from popjax.buffers import make_uniform_buffer, sample_windows
     envs, capacity = 2, 12
@@ -354,6 +365,7 @@ def test_dynamic_buffer_distance_and_shrink_by_hand():  # U7
     assert int(learner.shrink.run(state, close, valid, jnp.int32(500), hp)[0]) == 0
 
 
+@pytest.mark.long
 def test_a_shrunk_buffer_samples_only_its_newest_rows():
     from popjax.buffers import drop_oldest, make_uniform_buffer, oldest_items
     buffer = make_uniform_buffer(10, 2000)
@@ -366,6 +378,7 @@ def test_a_shrunk_buffer_samples_only_its_newest_rows():
     assert set(np.asarray(buffer.sample(jax.random.key(1), state)).tolist()) == set(range(6, 14))
 
 
+@pytest.mark.long
 def test_export_writes_the_compact_actor_that_acts_like_the_trained_one(tmp_path):
     from popjax import cli
     from popjax.export import load_policy, read_meta
@@ -390,6 +403,7 @@ def test_export_writes_the_compact_actor_that_acts_like_the_trained_one(tmp_path
     assert not (tmp_path / "x.npz").exists()
 
 
+@pytest.mark.long
 def test_sparse_inference_bench_checks_outputs_and_writes_its_fields(tmp_path):
     from popjax_bench import sparse_inference
 
@@ -403,6 +417,7 @@ def test_sparse_inference_bench_checks_outputs_and_writes_its_fields(tmp_path):
     assert rows[0]["flops_reduction"] > 5 and (tmp_path / "sparse_inference.json").exists()
 
 
+@pytest.mark.long
 def test_sac_multi_step_target_by_hand():  # U6, SAC form: entropy terms at the next states inside the window
     from popjax.learners import sac as sac_module
 
@@ -433,6 +448,7 @@ def test_sac_multi_step_target_by_hand():  # U6, SAC form: entropy terms at the 
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+@pytest.mark.long
 def test_rlx2_sac_keeps_exact_masks_through_updates_and_topology_steps():
     learner, config = make("sac", n_step=3, n_step_start=5)
     hp = hparams("sac")
@@ -453,6 +469,7 @@ def test_rlx2_sac_keeps_exact_masks_through_updates_and_topology_steps():
     assert any(moved)  # the actor evolves at every call (SAC updates it at every step)
 
 
+@pytest.mark.long
 def test_rlx2_sac_population_run_with_costs(tmp_path):
     run = popjax.train(out_dir=tmp_path / "sac", **{**RUN, "learner": "rlx2_sac", "total_env_steps": 300})
     for m, sparsity in enumerate((0.6, 0.9)):

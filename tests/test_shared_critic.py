@@ -90,6 +90,7 @@ def trained_state(hp):
     return TRAIN(step_keys(1, (K, POP)), initial_state(hp), batches(2, (K, POP, CONFIG.batch_size)), hp)[0]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("delay", [1, 2])
 def test_one_member_equals_single_agent_td3(delay):
     hp = population_hparams(td3.default_hparams(), 1, {"policy_delay": delay, "discount": 0.9, "tau": 0.05})
@@ -126,6 +127,7 @@ def hand_member_loss(critic, target_actor, target_critic, batch, hp, key):
     return jnp.sum(jnp.mean((q - y) ** 2, axis=-1))
 
 
+@pytest.mark.long
 def test_population_critic_loss_and_gradient_are_member_means():
     hp = population_hparams(td3.default_hparams(), POP, {"discount": [0.99, 0.9, 0.5],
                                                           "target_noise": [0.2, 0.0, 0.5]})
@@ -172,6 +174,7 @@ def test_actor_step_is_each_members_dpg_through_the_updated_critic():
     assert not np.allclose(jax.tree.leaves(new_state.actor)[0][0], jax.tree.leaves(state.actor)[0][0])
 
 
+@pytest.mark.long
 def test_sequential_reference_counts_and_one_step_equivalence():
     # K = 1, one member: the CEM-RL order and the vectorized step coincide.
     hp1 = population_hparams(td3.default_hparams(), 1, {"policy_delay": 1})

@@ -27,6 +27,7 @@ ER_TABLE = [
 ]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("dims", "target", "actor_s", "q_s"), ER_TABLE)
 def test_er_allocation_matches_the_worked_table(dims, target, actor_s, q_s):  # U1
     actor, critic = td3_shapes(*dims)
@@ -56,6 +57,7 @@ def test_kept_counts_floor_the_masked_entries():
     np.testing.assert_array_equal(counts, [100 - int(0.745 * 100), 30])
 
 
+@pytest.mark.long
 def test_keep_largest_with_traced_count_and_stable_ties():
     scores = jnp.asarray([[3.0, 1.0, 3.0], [0.0, 5.0, -1.0]])
     picked = jax.jit(sparse.keep_largest)(scores, jnp.int32(3))
@@ -72,6 +74,7 @@ def drop_grow_case():
     return weight, mask, grad
 
 
+@pytest.mark.long
 def test_drop_and_grow_by_hand():  # U2
     weight, mask, grad = drop_grow_case()
     new_w, new_m = sparse.drop_and_grow(weight, mask, grad, 0.5)
@@ -86,6 +89,7 @@ def test_drop_and_grow_by_hand():  # U2
     np.testing.assert_array_equal(new_w, np.float32([[0.0, -0.9, 0.0, 0.2], [0.5, 0.0, 0.0, 0.0]]))
 
 
+@pytest.mark.long
 def test_drop_and_grow_new_links_start_at_zero_and_nnz_is_kept():  # U2 (forbid_regrow: every grown link is new)
     key = jax.random.PRNGKey(0)
     weight = jax.random.normal(key, (32, 16))
@@ -149,6 +153,7 @@ def member_evolve(key, sparsity, fraction):
     return params, masks, sparse.active_counts(masks), counts
 
 
+@pytest.mark.long
 def test_magnitude_masks_keep_exact_counts_and_the_largest_weights():
     params = init_actor(jax.random.PRNGKey(3))
     shapes = sparse.kernel_shapes(params)
@@ -162,6 +167,7 @@ def test_magnitude_masks_keep_exact_counts_and_the_largest_weights():
     assert np.asarray(masks["params"]["MLP_0"]["Dense_0"]["bias"]).all()  # biases stay dense
 
 
+@pytest.mark.long
 def test_vmap_over_members_with_different_sparsities_equals_per_member():  # U9
     keys = jax.random.split(jax.random.PRNGKey(4), 3)
     sparsities = jnp.asarray([0.5, 0.9, 0.98])

@@ -92,6 +92,7 @@ def run_large_batch(opt: optax.GradientTransformation, steps: int = 5):
     return params, state
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_l1a_local_sgd_with_h1_is_large_batch_sgd(replicas):
     opt = optax.sgd(0.1)
@@ -101,6 +102,7 @@ def test_l1a_local_sgd_with_h1_is_large_batch_sgd(replicas):
         assert_trees_close(member(params, r), expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.long
 def test_l1b_momentum_buffers_averaged_equal_large_batch_momentum_sgd():
     opt = optax.sgd(0.1, momentum=0.9)
     expected = run_large_batch(opt)
@@ -140,6 +142,7 @@ def rounds(c, state, hp, n: int, seed: int = 0):
     return out
 
 
+@pytest.mark.long
 def test_l2_targets_frozen_inside_rounds_and_copied_from_averaged_params():
     for name in ("spo_dqn", "spo_td3"):
         c = make(name, replicas=2, local_steps=3, target_rounds=2)
@@ -176,6 +179,7 @@ def dqn_round_by_hand(c, state, keys, batches, hp, local_selector: bool):
     return mean_over(finals)
 
 
+@pytest.mark.long
 def test_l4_spo_dqn_selects_target_actions_with_the_last_averaged_network():
     c = make("spo_dqn", replicas=2, local_steps=4, target_rounds=100)
     hp = with_values(c.hparams, lr=0.05)
@@ -260,6 +264,7 @@ def td3_round_by_hand(c, state, keys, batches, hp, critic_for_actor=None):
     return critic, critic_opt, actor, actor_opt
 
 
+@pytest.mark.long
 def test_l3_spo_td3_actor_phase_reuses_the_round_batches_against_the_averaged_critic():
     c = make("spo_td3", replicas=2, local_steps=3, target_rounds=100)
     hp = with_values(c.hparams, actor_lr=0.01, critic_lr=0.01)
@@ -318,6 +323,7 @@ MEMBERS = {"spo_dqn": [dict(), dict(lr=1e-2, discount=0.9), dict(lr=1e-3, epsilo
            "spo_td3": [dict(), dict(actor_lr=1e-3, critic_lr=1e-2, discount=0.9), dict(target_noise=0.5)]}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["spo_dqn", "spo_td3"])
 def test_vmapped_population_equals_per_member_loop(name):
     c = make(name, replicas=2, local_steps=2, target_rounds=1)
@@ -370,6 +376,7 @@ def test_local_steps_must_divide_the_updates_per_iteration(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("learner,env", [("spo_dqn", "probe:cartpole"), ("spo_td3", "probe:pendulum")])
 def test_a_population_of_spo_learners_trains(learner, env, tmp_path):
     run = popjax.train(learner=learner, out_dir=tmp_path / "run",
@@ -381,6 +388,7 @@ def test_a_population_of_spo_learners_trains(learner, env, tmp_path):
     assert int(run.state.learner.steps[0]) == (200 - 50) // 10 * 10  # K = 10 local steps (2 rounds) per iteration
 
 
+@pytest.mark.long
 def test_spo_resume_equals_uninterrupted_run(tmp_path):
     options = {**RUN, "learner": "spo_dqn", "learner_config": {"hidden": [8], "local_steps": 5, "target_rounds": 2}}
     full, resumed = train_cut_and_resume(tmp_path, options, cut_env_steps=100)
@@ -388,6 +396,7 @@ def test_spo_resume_equals_uninterrupted_run(tmp_path):
     assert_trees_equal(resumed.state, full.state)
 
 
+@pytest.mark.long
 def test_spo_dqn_solves_the_chain_probe(tmp_path):
     # reward 1 for action 2 of 3 (as test_learning's DQN check), with 2 replicas averaging every 5 steps
     run = popjax.train(learner="spo_dqn", env="probe:chain", total_env_steps=1000, eval_interval=1000, pop_size=2,
@@ -405,6 +414,7 @@ def test_replica_spread_is_the_relative_rms_drift_from_the_replica_mean():
     assert float(spo.replica_spread({"w": jnp.ones((3, 4))})) == 0.0
 
 
+@pytest.mark.long
 def test_spo_rounds_log_the_spread_of_the_replicas_before_they_are_averaged():
     c = make("spo_td3", replicas=2, local_steps=3, target_rounds=2)
     hp = c.hparams

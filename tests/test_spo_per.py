@@ -40,6 +40,7 @@ def make(name: str, **config):
     return definition, config, spec, definition.make(config, spec)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["spo_dqn", "spo_td3"])
 def test_unit_weights_equal_the_unweighted_round_and_td_abs_per_row(name):
     definition, config, spec, learner = make(name, replicas=2, local_steps=3, target_rounds=1)
@@ -75,6 +76,7 @@ def test_spo_td3_importance_weights_never_enter_the_actor_loss(naive):
     assert not np.allclose(jax.tree.leaves(ones.actor)[0], jax.tree.leaves(state.actor)[0])  # the actor did move
 
 
+@pytest.mark.long
 def test_one_replica_one_local_step_spo_dqn_per_equals_dqn_per():
     """R = 1, H = 1, a target copy every F = 25 rounds: SPO-DQN + PER is DQN + PER (period 25) step for step."""
     options = dict(RUN, learner="spo_dqn", per_delay=2, hparams={"lr": 0.01},
@@ -102,6 +104,7 @@ def td_of(batch):
     return 0.01 + 0.1 * jnp.abs(batch.obs[..., 0]) / (1.0 + jnp.abs(batch.obs[..., 0]))
 
 
+@pytest.mark.long
 def test_replica_r_reads_and_writes_only_bank_r(monkeypatch):
     """A spy SPO-DQN reports |TD| as a function of each row's own data: every leaf of bank r is then either the
     insertion priority 1 or exactly the priority of bank r's row there, and each replica's slice matches its bank."""
@@ -141,6 +144,7 @@ def test_replica_r_reads_and_writes_only_bank_r(monkeypatch):
     assert written > 20
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["spo_dqn", "spo_td3"])
 def test_vmapped_spo_per_round_equals_per_member_loop(name):
     """Sample H batches from R banks, one weighted round, H delayed priority writes: vmap == loop leaf for leaf."""
@@ -172,6 +176,7 @@ def test_vmapped_spo_per_round_equals_per_member_loop(name):
     assert int(vmapped[1].pending.count[0]) == 2 and (np.asarray(vmapped[1].max_priority) != 1.0).any()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("learner,env,delay", [("spo_dqn", "probe:cartpole", 3), ("spo_td3", "probe:pendulum", 1),
                                                ("dqn", "probe:cartpole", 7)])
 def test_resume_with_prioritized_buffers_is_bit_identical(learner, env, delay, tmp_path):

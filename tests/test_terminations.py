@@ -36,6 +36,7 @@ def recorded(env_id, steps=400, seed=0):
     return np.asarray(obs_rows), np.asarray(done_rows)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("env_id", MUJOCO)
 def test_rule_matches_gymnasium_on_every_recorded_state(env_id):
     next_obs, terminated = recorded(env_id)

@@ -528,6 +528,7 @@ def test_random_invalid_configs_fail_before_anything_is_built_or_compiled(case):
     assert reached == []
 
 
+@pytest.mark.long
 @settings(max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_options())
 def test_random_valid_configs_build(options):

@@ -2,9 +2,12 @@
 
 Each write fills the next segment (circularly) with one generation of rollouts and their importance weights.
 Because each generation's start states come from a different sampling distribution (priorities change after every
-sampling), importance weights are valid only within a segment: a batch picks one written segment uniformly and
-draws its rows uniformly (with replacement) inside it, so it never mixes segments. Pure functions over a pytree of
-static shapes (one member; population code vmaps).
+sampling), an importance weight is valid only relative to its own segment's distribution: each row keeps the
+weight of its segment's generation. A batch draws rows uniformly (with replacement) across every written segment
+(so a batch is many start-state batches' rollouts, not a handful of one), which picks each segment with the same
+probability, as the thesis's "a segment uniformly, then rows inside it" does; the writer makes weights comparable
+across segments (MEMR divides each generation's weights by their mean). Pure functions over a pytree of static
+shapes (one member; population code vmaps).
 """
 
 from __future__ import annotations
@@ -40,12 +43,11 @@ def segmented_write(state: SegmentedState, items: PyTree, weights: jax.Array) ->
 
 
 def segmented_sample(key: Key, state: SegmentedState, batch: int) -> tuple[PyTree, jax.Array, jax.Array]:
-    """``(items [batch, ...], weights [batch], segment)``: one written segment drawn uniformly, rows uniformly inside
-    it. Undefined before the first write."""
-    key_segment, key_rows = jax.random.split(key)
+    """``(items [batch, ...], weights [batch], segments [batch])``: rows drawn uniformly across the written
+    segments, each with its own segment's weight. Undefined before the first write."""
     rows = state.weights.shape[1]
-    segment = jax.random.randint(key_segment, (), 0, jnp.maximum(state.filled, 1))
-    # Segments fill 0, 1, ... until full, so the written ones are [0, filled).
-    index = jax.random.randint(key_rows, (batch,), 0, rows)
+    # Segments fill 0, 1, ... until full, so the written rows are the first ``filled x rows`` of the flat buffer.
+    flat = jax.random.randint(key, (batch,), 0, jnp.maximum(state.filled, 1) * rows)
+    segment, index = flat // rows, flat % rows
     items = jax.tree.map(lambda buf: buf[segment, index], state.data)
     return items, state.weights[segment, index], segment
