@@ -14,8 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from learner_helpers import SPECS, assert_trees_close, assert_trees_equal, fast_compile, trees_differ  # noqa: F401
-from test_resume import CHILD, ROOT, metric_rows, xla_cache
+from learner_helpers import (  # noqa: F401
+    SPECS,
+    assert_trees_close,
+    assert_trees_equal,
+    fast_compile,
+    trees_differ,
+    use_shared_xla_cache,
+)
+from test_resume import CHILD, ROOT, metric_rows
 
 import popjax
 from popjax import cli
@@ -429,8 +436,8 @@ def test_pbt_ppo_run_killed_mid_training_resumes_bit_identically(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with (tmp_path / "child.log").open("w") as log:
         options = json.dumps({**PBT_RUN, "checkpoint_interval": 64})  # a checkpoint every iteration
-        child = subprocess.Popen([sys.executable, str(script), str(out), options, xla_cache()], env=env, stdout=log,
-                                 stderr=subprocess.STDOUT)
+        child = subprocess.Popen([sys.executable, str(script), str(out), options, use_shared_xla_cache()], env=env,
+                                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and child.poll() is None:
             steps = [int(p.name) for p in (out / "checkpoints").glob("*") if p.name.isdigit()]

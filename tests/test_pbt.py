@@ -343,16 +343,11 @@ PBT_RUN = dict(learner="td3", env="probe:pendulum", driver="pbt", pop_size=2, se
                pbt={"interval": 500, "quantile": 0.5}, progress=False)
 
 
-def enable_xla_cache():
-    """The suite's compile cache, shared between runs and processes (speed only; results are identical)."""
-    return use_shared_xla_cache()
-
-
 @pytest.mark.long
 def test_pbt_run_records_lineage_hparams_and_plots(tmp_path, monkeypatch):
     import popjax
 
-    enable_xla_cache()
+    use_shared_xla_cache()
     traces = counted_td3(monkeypatch)
     run = popjax.train(out_dir=tmp_path, **PBT_RUN)
     lineage = run.summary["lineage"]

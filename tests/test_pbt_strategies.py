@@ -305,11 +305,11 @@ def kill_and_resume(run, tmp_path):
 @pytest.mark.parametrize("name", [name if name == "pb2" else pytest.param(name, marks=pytest.mark.slow)
                                   for name in STRATEGIES])
 def test_strategy_runs_traced_once_and_resumes_exactly(name, tmp_path, compilers):
-    from test_pbt import enable_xla_cache
+    from learner_helpers import use_shared_xla_cache
 
     import popjax
 
-    enable_xla_cache()
+    use_shared_xla_cache()
     options = dict(STRATEGIES[name])
     run = popjax.train(out_dir=tmp_path / "full", **{**STRATEGY_RUN, "pop_size": options.pop("pop_size", 4)},
                        pbt={"interval": 250, **options})
@@ -338,11 +338,11 @@ def test_strategy_runs_traced_once_and_resumes_exactly(name, tmp_path, compilers
 
 @pytest.fixture(scope="module")
 def pbt_run(tmp_path_factory):
-    from test_pbt import enable_xla_cache
+    from learner_helpers import use_shared_xla_cache
 
     import popjax
 
-    enable_xla_cache()
+    use_shared_xla_cache()
     return popjax.train(out_dir=tmp_path_factory.mktemp("pbt"), **STRATEGY_RUN,
                         pbt={"interval": 250, "quantile": 0.25, "explore": "perturb"})
 

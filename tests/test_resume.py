@@ -44,14 +44,9 @@ popjax.train(out_dir=sys.argv[1], **json.loads(sys.argv[2]))
 """
 
 
-def xla_cache() -> str:
-    """The suite's compile cache (also the child processes')."""
-    return use_shared_xla_cache()
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    xla_cache()
+    use_shared_xla_cache()
     return popjax.train(out_dir=tmp_path_factory.mktemp("reference"), **RUN)
 
 
@@ -83,7 +78,7 @@ def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(reference, tm
     with (tmp_path / "child.log").open("w") as log:
         # checkpoints also every 4 iterations (between evaluations): they do not change the results
         options = json.dumps({**RUN, "checkpoint_interval": 100})
-        child = subprocess.Popen([sys.executable, str(script), str(out), options, xla_cache()],
+        child = subprocess.Popen([sys.executable, str(script), str(out), options, use_shared_xla_cache()],
                                  env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and child.poll() is None:
@@ -140,7 +135,7 @@ def test_resume_with_a_config_that_does_not_fit_the_checkpoints_changes_nothing(
 @pytest.mark.slow
 def test_independent_driver_resume_is_exact(tmp_path):
     """The base loop without driver state: cut after the evaluation at 1000 steps, resume, compare."""
-    xla_cache()  # same compiled programs as the PBT run (the driver does not change them)
+    use_shared_xla_cache()  # same compiled programs as the PBT run (the driver does not change them)
     cfg = {**RUN, "driver": "independent"}
     full = popjax.train(out_dir=tmp_path / "full", **cfg)
     out = tmp_path / "cut"
@@ -160,7 +155,7 @@ def test_independent_driver_resume_is_exact(tmp_path):
 @pytest.mark.slow
 def test_resume_on_the_gym_path_continues_without_lost_or_duplicate_rows(tmp_path):
     """Host envs restart their episodes on resume, so only the bookkeeping is compared exactly."""
-    xla_cache()
+    use_shared_xla_cache()
     cfg = {**RUN, "env": "gym:Pendulum-v1"}
     full = popjax.train(out_dir=tmp_path / "full", **cfg)
     out = tmp_path / "cut"
@@ -182,7 +177,7 @@ def test_resume_on_the_gym_path_continues_without_lost_or_duplicate_rows(tmp_pat
 @pytest.mark.slow
 def test_resume_on_brax_is_exact(tmp_path):
     """Brax env state (physics pipeline state) is restored too: resumed == uninterrupted, bit for bit."""
-    xla_cache()
+    use_shared_xla_cache()
     cfg = {**RUN, "env": "brax:inverted_pendulum", "total_env_steps": 1000, "warmup_steps": 200,
            "eval_interval": 200, "pbt": {"interval": 400, "quantile": 0.5}}
     full = popjax.train(out_dir=tmp_path / "full", **cfg)
