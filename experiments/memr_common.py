@@ -9,7 +9,12 @@ compared with paired bootstrap intervals (``popjax.stats.paired_ci``). Arms:
   update per env step (G = 1), M = ``batch_size`` one-step rollouts per env step;
 - ``memr_uniform``: the ablation, uniform start states, the same number of policy updates and rollouts;
 - ``memr_oracle``: ``memr_uniform`` with ``model: oracle`` (the pure-JAX env's own step as the model; pure-JAX envs
-  only): if it does not match SAC per env step, the gap is in the rollout/segment/weight path, not in the model.
+  only): if it does not match SAC per env step, the gap is in the rollout/segment/weight path, not in the model;
+- ``memr_oracle_real`` (diagnostic): ``memr_oracle`` with ``real_ratio: 1``, so SAC trains on the step's real start
+  transitions only (drawn with replacement) through MEMR's own update path: it should match SAC;
+- ``memr_oracle_full`` (diagnostic): ``memr_oracle`` with a model buffer holding every rollout of the run (the
+  default keeps the last 1e5, i.e. the actions of the last ~800 env steps' policies): does the gap come from SAC
+  training on near-on-policy actions only?
 
 Besides the returns, each evaluation row keeps the learner's logs of its iteration (``MODEL_LOGS``: held-out model
 NLL, the rollouts' and the real start transitions' termination rates, the mean importance weight, the priority and
@@ -43,10 +48,17 @@ HERE = Path(__file__).parent
 ARMS = {"sac": ("sac", "uniform", {"start_states": None}),
         "memr": ("memr_sac", "prioritized", {"start_states": "prioritized"}),
         "memr_uniform": ("memr_sac", "uniform", {"start_states": "uniform"}),
-        "memr_oracle": ("memr_sac", "uniform", {"start_states": "uniform", "model": "oracle"})}
+        "memr_oracle": ("memr_sac", "uniform", {"start_states": "uniform", "model": "oracle"}),
+        "memr_oracle_real": ("memr_sac", "uniform", {"start_states": "uniform", "model": "oracle", "real_ratio": 1.0}),
+        # model_buffer is capped at one segment per update of the run, so this keeps every rollout
+        "memr_oracle_full": ("memr_sac", "uniform", {"start_states": "uniform", "model": "oracle",
+                                                     "model_buffer": 100_000_000})}
 LABELS = {"sac": "SAC", "memr": "MEMR (prioritized start states)", "memr_uniform": "MEMR (uniform start states)",
-          "memr_oracle": "MEMR (uniform start states, the env as model)"}
-COLORS = {"sac": "C0", "memr": "C1", "memr_uniform": "C2", "memr_oracle": "C3"}
+          "memr_oracle": "MEMR (uniform start states, the env as model)",
+          "memr_oracle_real": "MEMR's path on real rows only (env as model, real_ratio 1)",
+          "memr_oracle_full": "MEMR (env as model, every rollout kept)"}
+COLORS = {"sac": "C0", "memr": "C1", "memr_uniform": "C2", "memr_oracle": "C3", "memr_oracle_real": "C4",
+          "memr_oracle_full": "C5"}
 MODEL_LOGS = ("model_val_nll", "model_done", "real_done", "is_weight", "priority", "priority_std")
 
 
@@ -108,7 +120,8 @@ def summarize(results: list[dict], warmup: int) -> dict:
              for name, r in by.items()}
     comparisons = {}
     for a, b in (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"), ("memr_oracle", "sac"),
-                 ("memr_uniform", "memr_oracle")):
+                 ("memr_uniform", "memr_oracle"), ("memr_oracle_real", "sac"), ("memr_oracle_full", "sac"),
+                 ("memr_oracle_full", "memr_oracle")):
         if a in by and b in by:
             comparisons[f"{a} - {b}"] = {}
             for score in ("final", "auc"):

@@ -1022,8 +1022,17 @@ def render(text: str) -> str:
 
 
 # --- MEMR (issue 25): arms share seeds (member m starts from the same keys in every arm) ---------------------
-MEMR_ARMS = {"sac": "SAC", "memr": "MEMR, prioritized start states", "memr_uniform": "MEMR, uniform start states"}
-MEMR_PAIRS = (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"))
+MEMR_ARMS = {"sac": "SAC", "memr": "MEMR, prioritized start states", "memr_uniform": "MEMR, uniform start states",
+             "memr_oracle": "MEMR, uniform start states, the env as model",
+             "memr_oracle_real": "MEMR's update path on real rows only (env as model, real_ratio 1)",
+             "memr_oracle_full": "MEMR, env as model, every rollout of the run kept"}
+MEMR_PAIRS = (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"), ("memr_oracle", "sac"),
+              ("memr_uniform", "memr_oracle"), ("memr_oracle_real", "sac"), ("memr_oracle_full", "sac"),
+              ("memr_oracle_full", "memr_oracle"))
+MEMR_LOGS = {"model_val_nll": ("held-out model NLL", 2), "model_done": ("rollout termination rate", 3),
+             "real_done": ("real termination rate", 3), "is_weight": ("mean IS weight (max-normalised)", 3),
+             "priority": ("mean priority", 2), "priority_std": ("priority SD", 2)}
+MEMR_ISSUE38 = {"pendulum": "memr_pendulum/results_issue38.json", "hopper": "memr_hopper/results_40k_issue38.json"}
 
 
 def memr_table(path: str) -> list[str]:
@@ -1060,6 +1069,35 @@ def memr_pendulum() -> list[str]:
 @table
 def memr_pendulum_paired() -> list[str]:
     return memr_paired_table("memr_pendulum/results.json")
+
+
+def memr_logs_table(path: str) -> list[str]:
+    """Per MEMR arm: the learner's logs at the last 3 evaluations (each the mean over its iteration), averaged per
+    seed, mean ± SD over seeds."""
+    rows = []
+    for r in load(path)["runs"]:
+        if not r.get("model_logs"):
+            continue
+        fields = r["model_log_fields"]
+        per_seed = {k: [np.mean([row[fields.index(k)] for row in seed[-3:]]) for seed in r["model_logs"]]
+                    for k in MEMR_LOGS}
+        rows.append([MEMR_ARMS[r["config"]], *(mean_sd(per_seed[k], d) for k, (_, d) in MEMR_LOGS.items())])
+    return md(["arm (last 3 evaluations, mean ± SD over seeds)", *(label for label, _ in MEMR_LOGS.values())], rows)
+
+
+@table
+def memr_pendulum_issue38() -> list[str]:
+    return memr_table(MEMR_ISSUE38["pendulum"])
+
+
+@table
+def memr_pendulum_issue38_paired() -> list[str]:
+    return memr_paired_table(MEMR_ISSUE38["pendulum"])
+
+
+@table
+def memr_pendulum_issue38_logs() -> list[str]:
+    return memr_logs_table(MEMR_ISSUE38["pendulum"])
 
 
 @table
@@ -1122,6 +1160,21 @@ def memr_hopper() -> list[str]:
 @table
 def memr_hopper_paired() -> list[str]:
     return memr_paired_table("memr_hopper/results.json")
+
+
+@table
+def memr_hopper_issue38() -> list[str]:
+    return memr_table(MEMR_ISSUE38["hopper"])
+
+
+@table
+def memr_hopper_issue38_paired() -> list[str]:
+    return memr_paired_table(MEMR_ISSUE38["hopper"])
+
+
+@table
+def memr_hopper_issue38_logs() -> list[str]:
+    return memr_logs_table(MEMR_ISSUE38["hopper"])
 
 
 # --- HTS-RL Table A1 analogue (issue 27) ---------------------------------------------------------------------
