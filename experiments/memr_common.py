@@ -56,9 +56,11 @@ ARMS = {"sac": ("sac", "uniform", {"start_states": None}),
 LABELS = {"sac": "SAC", "memr": "MEMR (prioritized start states)", "memr_uniform": "MEMR (uniform start states)",
           "memr_oracle": "MEMR (uniform start states, the env as model)",
           "memr_oracle_real": "MEMR's path on real rows only (env as model, real_ratio 1)",
-          "memr_oracle_full": "MEMR (env as model, every rollout kept)"}
+          "memr_oracle_full": "MEMR (env as model, every rollout kept)",
+          # a record kept from before real rows were drawn without replacement (not an arm this script runs)
+          "memr_oracle_real_resampled": "as real_ratio 1, real rows drawn with replacement (before the fix)"}
 COLORS = {"sac": "C0", "memr": "C1", "memr_uniform": "C2", "memr_oracle": "C3", "memr_oracle_real": "C4",
-          "memr_oracle_full": "C5"}
+          "memr_oracle_full": "C5", "memr_oracle_real_resampled": "C6"}
 MODEL_LOGS = ("model_val_nll", "model_done", "real_done", "is_weight", "priority", "priority_std")
 
 
@@ -121,7 +123,8 @@ def summarize(results: list[dict], warmup: int) -> dict:
     comparisons = {}
     for a, b in (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"), ("memr_oracle", "sac"),
                  ("memr_uniform", "memr_oracle"), ("memr_oracle_real", "sac"), ("memr_oracle_full", "sac"),
-                 ("memr_oracle_full", "memr_oracle")):
+                 ("memr_oracle_full", "memr_oracle"), ("memr_oracle_real_resampled", "sac"),
+                 ("memr_oracle_real", "memr_oracle_real_resampled")):
         if a in by and b in by:
             comparisons[f"{a} - {b}"] = {}
             for score in ("final", "auc"):

@@ -203,9 +203,11 @@ EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
     "r2_halfcheetah_25k": _pbt_rs("halfcheetah-v5", "pbt", "random"),
     "r2_paper_defaults": _pbt_paper("defaults"),
     "r2_paper_random": _pbt_paper("random"),
-    "memr_pendulum": _memr("memr_pendulum/results.json", "memr", "sac", MEMR_MARGIN),
+    # MEMR: the issue-38 re-runs (the first setup's runs, results.json, stay in their sections)
+    "memr_pendulum": _memr("memr_pendulum/results_issue38.json", "memr", "sac", MEMR_MARGIN),
+    "memr_oracle_pendulum": _memr("memr_pendulum/results_issue38.json", "memr_oracle", "sac", MEMR_MARGIN),
     "memr_hopper": _memr("memr_hopper/results.json", "memr", "sac", MEMR_MARGIN),
-    "memr_prioritized_pendulum": _memr("memr_pendulum/results.json", "memr", "memr_uniform", 0.0),
+    "memr_prioritized_pendulum": _memr("memr_pendulum/results_issue38.json", "memr", "memr_uniform", 0.0),
     "memr_prioritized_hopper": _memr("memr_hopper/results.json", "memr", "memr_uniform", 0.0),
     "refer_pendulum": _refer("pendulum"),
     "refer_hopper": _refer("hopper-v5"),
@@ -1025,10 +1027,12 @@ def render(text: str) -> str:
 MEMR_ARMS = {"sac": "SAC", "memr": "MEMR, prioritized start states", "memr_uniform": "MEMR, uniform start states",
              "memr_oracle": "MEMR, uniform start states, the env as model",
              "memr_oracle_real": "MEMR's update path on real rows only (env as model, real_ratio 1)",
-             "memr_oracle_full": "MEMR, env as model, every rollout of the run kept"}
+             "memr_oracle_full": "MEMR, env as model, every rollout of the run kept",
+             "memr_oracle_real_resampled": "as the real-rows-only arm, rows drawn with replacement (before the fix)"}
 MEMR_PAIRS = (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"), ("memr_oracle", "sac"),
               ("memr_uniform", "memr_oracle"), ("memr_oracle_real", "sac"), ("memr_oracle_full", "sac"),
-              ("memr_oracle_full", "memr_oracle"))
+              ("memr_oracle_full", "memr_oracle"), ("memr_oracle_real_resampled", "sac"),
+              ("memr_oracle_real", "memr_oracle_real_resampled"))
 MEMR_LOGS = {"model_val_nll": ("held-out model NLL", 2), "model_done": ("rollout termination rate", 3),
              "real_done": ("real termination rate", 3), "is_weight": ("mean IS weight (max-normalised)", 3),
              "priority": ("mean priority", 2), "priority_std": ("priority SD", 2)}

@@ -366,6 +366,8 @@ def test_real_ratio_puts_exactly_that_many_real_rows_in_each_sac_batch(ratio, re
         assert rows.obs.shape[0] == 8 and is_real.sum() == real
         np.testing.assert_array_equal(np.asarray(w)[~is_real], 0.5)
         assert set(np.round(np.asarray(w)[is_real], 5)) <= set(np.round(np.asarray(weights), 5))
+        real_obs = np.asarray(rows.obs)[is_real]
+        assert len(np.unique(real_obs, axis=0)) == real  # drawn without replacement: no real row twice
 
 
 def test_a_priority_written_back_is_the_one_the_next_sampling_sees_with_lag_1():
