@@ -107,3 +107,39 @@ def test_refer_pace_gaps_are_paired_by_seed_from_the_final_evaluations():
     gap = results.pace_gap(16384, "refer", "td3")
     assert gap == pytest.approx(by_hand) and round(gap[3], 2) == -0.86  # F2's seed 3: -1214 vs -141
     assert "T/N ≈ 3" in results.pace_turnover(16384) and "T/N ≈ 12" in results.pace_turnover(4096)
+
+
+def test_the_memr_issue38_prose_numbers_come_from_the_json():
+    """Every figure the issue-38 MEMR reading quotes, recomputed from the committed JSON (means of paired
+    differences; the t-intervals as the tables compute them)."""
+    import numpy as np
+
+    new = results.load("memr_pendulum/results_issue38.json")["summary"]["configs"]
+    first = results.load("memr_pendulum/results.json")["summary"]["configs"]
+
+    def diff(configs, a, b, score="final"):
+        return float(np.mean(np.subtract(configs[a][score], configs[b][score])))
+
+    def text(x):
+        return f"{x:+.1f}".replace("-", "−")
+
+    quoted = {  # the prose's figure -> its value from the JSON
+        "−172.8": diff(first, "memr", "sac"), "−54.8": diff(first, "memr_uniform", "sac"),
+        "−117.9": diff(first, "memr", "memr_uniform"), "−4.9": diff(new, "memr", "sac"),
+        "−10.5": diff(new, "memr_uniform", "sac"), "+5.6": diff(new, "memr", "memr_uniform"),
+        "+0.1": diff(new, "memr_uniform", "memr_oracle"), "+16.1": diff(new, "memr_uniform", "memr_oracle", "auc"),
+        "−86.4": diff(new, "memr_oracle", "sac", "auc"), "−34.0": diff(new, "memr_oracle_full", "sac", "auc"),
+        "+10.6": diff(new, "memr_oracle_full", "memr_oracle"), "+52.4": diff(new, "memr_oracle_full", "memr_oracle", "auc"),
+        "+17.3": diff(new, "memr_oracle_real", "memr_oracle_real_resampled", "auc"),
+        "−15.6": diff(new, "memr_oracle_real", "sac", "auc")}
+    section = DOCUMENT.split("## MEMR re-run with the issue-38 setup")[1].split("\n## ")[0]
+    for figure, value in quoted.items():
+        assert text(value) == figure and figure.lstrip("+") in section, figure
+    assert "0.0, with t [−2.7, 2.6]" in section and results.t_beside(
+        new["memr_oracle_full"]["final"], new["sac"]["final"]) == "; t [-2.7, 2.6]"
+    assert "[13.9, 22.6], with t [10.1, 24.5]" in section
+    assert "with t [−34.0, 2.9]" in section and results.t_beside(
+        new["memr_oracle_real"]["auc"], new["sac"]["auc"]) == "; t [-34.0, 2.9]"
+    oracle = next(r for r in results.load("memr_pendulum/results_issue38.json")["runs"] if r["config"] == "memr_oracle")
+    at_6k = np.mean([[ret for step, ret, _ in seed if step == 6000] for seed in oracle["curves"]])
+    assert f"to {text(at_6k)[:-2]} at 6k steps" in section  # the oracle arm's mid-run dip (mean of the seeds)
