@@ -11,7 +11,7 @@ compared with paired bootstrap intervals (``popjax.stats.paired_ci``). Arms:
 - ``memr_oracle``: ``memr_uniform`` with ``model: oracle`` (the pure-JAX env's own step as the model; pure-JAX envs
   only): if it does not match SAC per env step, the gap is in the rollout/segment/weight path, not in the model;
 - ``memr_oracle_real`` (diagnostic): ``memr_oracle`` with ``real_ratio: 1``, so SAC trains on the step's real start
-  transitions only (drawn with replacement) through MEMR's own update path: it should match SAC;
+  transitions only (each once, in a random order) through MEMR's own update path: it should match SAC;
 - ``memr_oracle_full`` (diagnostic): ``memr_oracle`` with a model buffer holding every rollout of the run (the
   default keeps the last 1e5, i.e. the actions of the last ~800 env steps' policies): does the gap come from SAC
   training on near-on-policy actions only?
