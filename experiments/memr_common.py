@@ -137,7 +137,11 @@ def summarize(results: list[dict], warmup: int) -> dict:
 def plot(setting: Setting, results: list[dict], path: Path, steps: int) -> None:
     import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    # a row below the panels holds the legend: with the diagnostic arms it would cover the curves
+    rows = -(-len(results) // 2)
+    fig = plt.figure(figsize=(12, 4.4 + 0.25 * rows))
+    grid = fig.add_gridspec(2, 2, height_ratios=[4.4, 0.25 * rows + 0.1])
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])]
     for r in results:
         label = f"{LABELS[r['config']]}, mean of {len(r['curves'])} seeds"
         plot_curves(axes[0], [[row[:2] for row in c] for c in r["curves"]], COLORS[r["config"]], label)
@@ -147,7 +151,9 @@ def plot(setting: Setting, results: list[dict], path: Path, steps: int) -> None:
     for ax in axes:
         ax.set_ylabel(f"eval return ({setting.eval_episodes} deterministic episodes)")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    legend = fig.add_subplot(grid[1, :])
+    legend.axis("off")
+    legend.legend(*axes[0].get_legend_handles_labels(), loc="center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(f"MEMR vs SAC on {setting.env}, {steps} env steps per seed", fontsize=10)
     save_figure(fig, path)
 
