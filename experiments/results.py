@@ -744,6 +744,33 @@ def rlx2_buffer_halfcheetah() -> list[str]:
     return rlx2_buffer_rows("halfcheetah-v5")
 
 
+RLX2_COMPONENTS = {"rlx2_1step": "RLx2 without the multi-step target (1-step, dynamic buffer)",
+                   "rlx2_fixed_buffer": "RLx2 with a fixed buffer (3-step target)"}
+
+
+@table
+def rlx2_components_halfcheetah() -> list[str]:
+    """RLx2 with one component removed, against RigL (which lacks both) and RLx2, at 90 % and 98 %: score per
+    replica (member m of every method starts from the same keys, so replicas are paired) and minus RigL per replica
+    with the mean's t-interval (3 replicas: no bootstrap)."""
+    folder = "rlx2_compression_halfcheetah-v5"
+    if not all((RESULTS / folder / f"{m}.json").exists() for m in RLX2_COMPONENTS):
+        return ["Not run yet."]
+    records = {m: load(f"{folder}/{m}.json") for m in ("rigl", "rlx2", *RLX2_COMPONENTS)}
+    labels = {**RLX2, **RLX2_COMPONENTS}
+    rows = []
+    for level in (0.9, 0.98):
+        scores = {m: [x["score"] for x in r["members"] if x["sparsity"] == level] for m, r in records.items()}
+        for method, values in scores.items():
+            diff = "-" if method == "rigl" else (f"{seeds(np.subtract(values, scores['rigl']))} (mean "
+                                                 f"{num(float(np.mean(values) - np.mean(scores['rigl'])))}"
+                                                 f"{t_beside(values, scores['rigl'], 0)})")
+            rows.append([f"{100 * level:g} %", labels[method], seeds(values), f"**{num(float(np.mean(values)))}**",
+                         diff])
+    return md(["sparsity", f"method (n = {len(scores['rigl'])} replicas)", "score per replica", "mean",
+               "minus RigL, per replica"], rows)
+
+
 # --- ReF-ER (issue 24) -----------------------------------------------------------------------------------------
 
 @table

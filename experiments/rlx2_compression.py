@@ -8,7 +8,9 @@ critic sparsity in SPARSITIES as per-member hparams, member ``m`` at level ``m %
 same member index starts from the same keys in every method, so replicas are paired across methods). ``dense`` is
 dense TD3, one member per replica. Methods: ``rlx2`` (``rlx2_td3``: RigL topology, delayed 3-step target,
 dynamic buffer), ``rigl`` (RigL topology, 1-step target, fixed buffer), ``ss`` (static random sparse, 1-step,
-fixed buffer).
+fixed buffer). RLx2's components, one removed at a time (``--methods rlx2_1step,rlx2_fixed_buffer``, not run by
+default): ``rlx2_1step`` (1-step target, dynamic buffer), ``rlx2_fixed_buffer`` (3-step target, fixed buffer); their
+table (``make results``) sets each against RigL, replica by replica.
 
 The paper's step-count hparams are rescaled to a run of T env steps as its spec prescribes (T0 = T/10, B_min = T/30,
 B_max = T/3, warm-up T/120), with the topology and buffer-check periods T/300 rounded up to a whole iteration
@@ -47,8 +49,12 @@ HIDDEN = [256, 256]
 ROLLOUT = 50
 LAST_EVALS = 30
 METHODS = {"dense": None, "rlx2": {}, "rigl": {"n_step": 1, "dynamic_buffer": False},
-           "ss": {"topology": "static", "n_step": 1, "dynamic_buffer": False}}
-LABELS = {"dense": "dense TD3", "rlx2": "RLx2-TD3", "rigl": "RigL (1-step, fixed buffer)", "ss": "static sparse (SS)"}
+           "ss": {"topology": "static", "n_step": 1, "dynamic_buffer": False},
+           # RLx2 with one component removed (issue 39), each compared with RigL, which lacks both
+           "rlx2_1step": {"n_step": 1}, "rlx2_fixed_buffer": {"dynamic_buffer": False}}
+COMPARED = ("dense", "rlx2", "rigl", "ss")  # the compression ratio's methods (the default run, table and plot)
+LABELS = {"dense": "dense TD3", "rlx2": "RLx2-TD3", "rigl": "RigL (1-step, fixed buffer)", "ss": "static sparse (SS)",
+          "rlx2_1step": "RLx2 without the multi-step target", "rlx2_fixed_buffer": "RLx2 with a fixed buffer"}
 
 
 def tag(env: str) -> str:
@@ -160,7 +166,7 @@ def main() -> None:
     parser.add_argument("--env", default="gym:HalfCheetah-v5", help="a continuous env (probe:, brax: or gym:)")
     parser.add_argument("--steps", type=int, default=25_000, help="env steps per member")
     parser.add_argument("--seeds", type=int, default=3, help="replicas per sparsity (and dense members)")
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", default=",".join(COMPARED), help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--out", default=None, help="run directories (default runs/rlx2_compression_<env>)")
     args = parser.parse_args()
     args.out = args.out or f"runs/{results_dir(args.env).name}"
@@ -169,6 +175,7 @@ def main() -> None:
     records = {method: saved_or_run(folder / f"{method}.json", {"steps": args.steps, "seeds": args.seeds},
                                     lambda method=method: run(method, args))
                for method in args.methods.split(",")}
+    records = {m: r for m, r in records.items() if m in COMPARED}  # the components have their own table only
     if "dense" in records and len(records) > 1:
         summary = rlx2_compression_summary(records)
         print(json.dumps({k: {"ucr": v["ucr"], "relative": v["relative"]} for k, v in summary["methods"].items()}))

@@ -129,7 +129,8 @@ def test_the_memr_issue38_prose_numbers_come_from_the_json():
         "−10.5": diff(new, "memr_uniform", "sac"), "+5.6": diff(new, "memr", "memr_uniform"),
         "+0.1": diff(new, "memr_uniform", "memr_oracle"), "+16.1": diff(new, "memr_uniform", "memr_oracle", "auc"),
         "−86.4": diff(new, "memr_oracle", "sac", "auc"), "−34.0": diff(new, "memr_oracle_full", "sac", "auc"),
-        "+10.6": diff(new, "memr_oracle_full", "memr_oracle"), "+52.4": diff(new, "memr_oracle_full", "memr_oracle", "auc"),
+        "+10.6": diff(new, "memr_oracle_full", "memr_oracle"),
+        "+52.4": diff(new, "memr_oracle_full", "memr_oracle", "auc"),
         "+17.3": diff(new, "memr_oracle_real", "memr_oracle_real_resampled", "auc"),
         "−15.6": diff(new, "memr_oracle_real", "sac", "auc")}
     section = DOCUMENT.split("## MEMR re-run with the issue-38 setup")[1].split("\n## ")[0]
@@ -143,3 +144,21 @@ def test_the_memr_issue38_prose_numbers_come_from_the_json():
     oracle = next(r for r in results.load("memr_pendulum/results_issue38.json")["runs"] if r["config"] == "memr_oracle")
     at_6k = np.mean([[ret for step, ret, _ in seed if step == 6000] for seed in oracle["curves"]])
     assert f"to {text(at_6k)[:-2]} at 6k steps" in section  # the oracle arm's mid-run dip (mean of the seeds)
+
+
+def test_the_rlx2_components_table_pairs_each_replica_with_rigl(tmp_path, monkeypatch):
+    """With a component's records equal to RigL's, every per-replica difference is 0 and the scores are RigL's;
+    without them the table says the run is missing."""
+    import json
+    import shutil
+
+    folder = tmp_path / "rlx2_compression_halfcheetah-v5"
+    shutil.copytree(results.RESULTS / folder.name, folder)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    assert results.rlx2_components_halfcheetah() == ["Not run yet."]
+    rigl = json.loads((folder / "rigl.json").read_text())
+    for method in results.RLX2_COMPONENTS:
+        (folder / f"{method}.json").write_text(json.dumps(rigl))
+    rows = [r for r in results.rlx2_components_halfcheetah() if "without the multi-step" in r]
+    expected = [m["score"] for m in rigl["members"] if m["sparsity"] == 0.9]
+    assert len(rows) == 2 and results.seeds(expected) in rows[0] and "0, 0, 0 (mean 0" in rows[0]
