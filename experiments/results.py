@@ -13,6 +13,7 @@ no bootstrap interval (it would cover far less than 95 %), the per-seed values i
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -1116,19 +1117,10 @@ def memr_logs_table(path: str) -> list[str]:
     return md(["arm (last 3 evaluations, mean ± SD over seeds)", *(label for label, _ in MEMR_LOGS.values())], rows)
 
 
-@table
-def memr_pendulum_issue38() -> list[str]:
-    return memr_table(MEMR_ISSUE38["pendulum"])
-
-
-@table
-def memr_pendulum_issue38_paired() -> list[str]:
-    return memr_paired_table(MEMR_ISSUE38["pendulum"])
-
-
-@table
-def memr_pendulum_issue38_logs() -> list[str]:
-    return memr_logs_table(MEMR_ISSUE38["pendulum"])
+# the issue-38 re-runs: memr_<env>_issue38 (arms), ..._paired and ..._logs
+for _env, _path in MEMR_ISSUE38.items():
+    for _suffix, _make in (("", memr_table), ("_paired", memr_paired_table), ("_logs", memr_logs_table)):
+        TABLES[f"memr_{_env}_issue38{_suffix}"] = functools.partial(_make, _path)
 
 
 @table
@@ -1191,21 +1183,6 @@ def memr_hopper() -> list[str]:
 @table
 def memr_hopper_paired() -> list[str]:
     return memr_paired_table("memr_hopper/results.json")
-
-
-@table
-def memr_hopper_issue38() -> list[str]:
-    return memr_table(MEMR_ISSUE38["hopper"])
-
-
-@table
-def memr_hopper_issue38_paired() -> list[str]:
-    return memr_paired_table(MEMR_ISSUE38["hopper"])
-
-
-@table
-def memr_hopper_issue38_logs() -> list[str]:
-    return memr_logs_table(MEMR_ISSUE38["hopper"])
 
 
 # --- HTS-RL Table A1 analogue (issue 27) ---------------------------------------------------------------------
