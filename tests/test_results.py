@@ -162,3 +162,20 @@ def test_the_rlx2_components_table_pairs_each_replica_with_rigl(tmp_path, monkey
     rows = [r for r in results.rlx2_components_halfcheetah() if "without the multi-step" in r]
     expected = [m["score"] for m in rigl["members"] if m["sparsity"] == 0.9]
     assert len(rows) == 2 and results.seeds(expected) in rows[0] and "0, 0, 0 (mean 0" in rows[0]
+
+
+def test_the_spo_drift_prose_numbers_come_from_the_json():
+    import numpy as np
+
+    runs = results.runs("spo_divergence_drift", lambda r: r["config"])
+    naive, two_phase = runs["naive-local-1000"], runs["two_phase-local-1000"]
+    spread = np.asarray([s for m in naive["spreads"] for s in m], dtype=float)[:, 1]
+    section = DOCUMENT.split("### At real drift")[1].split("\n## ")[0]
+    assert f"reaches {np.nanmax(spread):.3f} (mean {np.nanmean(spread):.3f})" in section
+    never = [i for i, c in enumerate(naive["curves"]) if max(ret for _, ret in c) < -1000]  # never learnt
+    assert never == [4, 6] and not any(naive["diverged"])
+    assert all(max(ret for _, ret in c) > -1000 for c in two_phase["curves"])
+    finals = [round(naive["curves"][i][-1][1]) for i in never]
+    assert f"end at −{-finals[0]} and −{-finals[1]}" in section
+    assert f"+{np.mean(np.subtract(two_phase['final'], naive['final'])):.0f}, with percentile [2, 635] and t [−112, 645]" \
+        in section and "| 266 (percentile [2, 635], t [-112, 645], n = 10)" in DOCUMENT
