@@ -207,9 +207,9 @@ EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
     # MEMR: the issue-38 re-runs (the first setup's runs, results.json, stay in their sections)
     "memr_pendulum": _memr("memr_pendulum/results_issue38.json", "memr", "sac", MEMR_MARGIN),
     "memr_oracle_pendulum": _memr("memr_pendulum/results_issue38.json", "memr_oracle", "sac", MEMR_MARGIN),
-    "memr_hopper": _memr("memr_hopper/results.json", "memr", "sac", MEMR_MARGIN),
+    "memr_hopper": _memr("memr_hopper/results_40k_issue38.json", "memr", "sac", MEMR_MARGIN),
     "memr_prioritized_pendulum": _memr("memr_pendulum/results_issue38.json", "memr", "memr_uniform", 0.0),
-    "memr_prioritized_hopper": _memr("memr_hopper/results.json", "memr", "memr_uniform", 0.0),
+    "memr_prioritized_hopper": _memr("memr_hopper/results_40k_issue38.json", "memr", "memr_uniform", 0.0),
     "refer_pendulum": _refer("pendulum"),
     "refer_hopper": _refer("hopper-v5"),
     "refer_pace_ddpg": _refer_pace("refer", "ddpg"),
@@ -1084,13 +1084,33 @@ def memr_table(path: str) -> list[str]:
                "policy updates", "model rollouts", "model fits", "wall s"], rows)
 
 
-def memr_paired_table(path: str) -> list[str]:
-    configs = load(path)["summary"]["configs"]
+def memr_paired_table(path: str, configs: dict | None = None) -> list[str]:
+    configs = configs or load(path)["summary"]["configs"]
     rows = [[f"{MEMR_ARMS[a]} − {MEMR_ARMS[b]}", _paired_diff(configs[a]["final"], configs[b]["final"]),
              _paired_diff(configs[a]["auc"], configs[b]["auc"])]
             for a, b in MEMR_PAIRS if a in configs and b in configs]
     return md(["difference of means, paired by seed", "final return [95 % CI]", "mean return after warm-up [95 % CI]"],
               rows)
+
+
+def memr_scores_until(path: str, steps: int) -> dict[str, dict[str, list[float]]]:
+    """Each arm's scores as if its run had stopped at ``steps`` env steps: the final return (mean of the last 3
+    evaluations at or before it) and the mean return over the evaluations after warm-up up to it."""
+    data = load(path)
+    out = {}
+    for r in data["runs"]:
+        c = np.asarray(r["curves"], dtype=float)  # [seeds, evals, (env steps, return, policy updates)]
+        kept = c[:, c[0, :, 0] <= steps]
+        trained = kept[0, :, 0] > r["warmup"]
+        out[r["config"]] = {"final": kept[:, -3:, 1].mean(axis=1).tolist(),
+                            "auc": kept[:, trained, 1].mean(axis=1).tolist()}
+    return out
+
+
+@table
+def memr_hopper_first_run_at_40k() -> list[str]:
+    """The first Hopper run (issue 25, 60k steps) scored at 40k steps, the issue-38 re-run's budget."""
+    return memr_paired_table("", memr_scores_until("memr_hopper/results.json", 40_000))
 
 
 @table

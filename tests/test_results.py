@@ -180,3 +180,26 @@ def test_the_spo_drift_prose_numbers_come_from_the_json():
     gain = np.mean(np.subtract(two_phase["final"], naive["final"]))
     assert f"+{gain:.0f}, with percentile [2, 635] and t [−112, 645]" in section
     assert "| 266 (percentile [2, 635], t [-112, 645], n = 10)" in DOCUMENT  # the generated table says the same
+
+
+def test_the_memr_hopper_before_after_figures_come_from_the_json():
+    """The first Hopper run cut at 60k is its own summary (the cut is exact), and the section's before/after
+    figures at 40k recompute from the two runs' JSON."""
+    import numpy as np
+
+    first = results.load("memr_hopper/results.json")["summary"]["configs"]
+    whole = results.memr_scores_until("memr_hopper/results.json", 60_000)
+    assert all(np.allclose(first[arm][s], whole[arm][s]) for arm in first for s in ("final", "auc"))
+    at_40k = results.memr_scores_until("memr_hopper/results.json", 40_000)
+    new = results.load("memr_hopper/results_40k_issue38.json")["summary"]["configs"]
+
+    def diff(configs, a, b):
+        return f"{np.mean(np.subtract(configs[a]['final'], configs[b]['final'])):.1f}".replace("-", "−")
+
+    section = " ".join(DOCUMENT.split("### gym:Hopper-v5, 40k env steps (issue 38)")[1].split("\n## ")[0].split())
+    assert f"moved from {diff(at_40k, 'memr', 'sac')} in the first setup to {diff(new, 'memr', 'sac')} here" in section
+    assert f"from {diff(at_40k, 'memr_uniform', 'sac')} to {diff(new, 'memr_uniform', 'sac')}" in section
+    assert f"on the mean ({diff(new, 'memr', 'memr_uniform')})" in section
+    assert f"margin ({-0.1 * abs(np.mean(new['sac']['final'])):.1f})".replace("-", "−") in section
+    walls = [round(new[arm]["total_s"]) for arm in ("sac", "memr_uniform", "memr")]
+    assert "took {:,} + {:,} + {:,} s, about {:.0f} minutes".format(*walls, sum(walls) / 60) in section
