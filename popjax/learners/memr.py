@@ -328,8 +328,8 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
         model_rows, model_w, _ = segmented_sample(key_model, rollouts, config.sac_batch - real_rows)
         if real_rows == 0:
             return model_rows, model_w
-        # Without replacement where the step has enough rows: a resample with replacement would repeat about a
-        # third of them, a smaller effective batch than the real rows drawn.
+        # Without replacement where the step has enough rows: a resample with replacement repeats about a third of
+        # them, a smaller effective batch (with real_ratio 1 on Pendulum it learnt measurably slower than this).
         pick = (jax.random.permutation(key_real, rows)[:real_rows] if real_rows <= rows
                 else jax.random.randint(key_real, (real_rows,), 0, rows))
         real = jax.tree.map(lambda x: x[pick], batch)
