@@ -37,12 +37,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from sweep_common import member_rows, plot_curves, run_sweep
 
 import popjax
 from popjax import stats
 from popjax.plots import save_figure
+from results import MEMR_PAIRS, memr_scores
 
 HERE = Path(__file__).parent
 ARMS = {"sac": ("sac", "uniform", {"start_states": None}),
@@ -106,25 +106,15 @@ def run_config(setting: Setting, name: str, steps: int, seeds: int, out: Path) -
             "wall_s": s["wall_s"], "compile_s": s["compile_s"], "total_s": time.time() - started, "out": str(out)}
 
 
-def scores(run: dict, warmup: int) -> dict[str, np.ndarray]:
-    c = np.asarray(run["curves"], dtype=float)  # [seeds, evals, (env steps, return, policy updates)]
-    trained = c[:, :, 0] > warmup
-    return {"final": c[:, -3:, 1].mean(axis=1),
-            "auc": np.array([c[m, trained[m], 1].mean() for m in range(len(c))])}
-
-
 def summarize(results: list[dict], warmup: int) -> dict:
     by = {r["config"]: r for r in results}
-    per_arm = {name: scores(r, warmup) for name, r in by.items()}
+    per_arm = {name: memr_scores(r["curves"], warmup) for name, r in by.items()}
     table = {name: {**{k: v.tolist() for k, v in per_arm[name].items()},
                     **{f"{k}_mean": float(v.mean()) for k, v in per_arm[name].items()},
                     "counts": r["counts"], "wall_s": r["wall_s"], "total_s": r["total_s"]}
              for name, r in by.items()}
     comparisons = {}
-    for a, b in (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"), ("memr_oracle", "sac"),
-                 ("memr_uniform", "memr_oracle"), ("memr_oracle_real", "sac"), ("memr_oracle_full", "sac"),
-                 ("memr_oracle_full", "memr_oracle"), ("memr_oracle_real_resampled", "sac"),
-                 ("memr_oracle_real", "memr_oracle_real_resampled")):
+    for a, b in MEMR_PAIRS:
         if a in by and b in by:
             comparisons[f"{a} - {b}"] = {}
             for score in ("final", "auc"):

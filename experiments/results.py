@@ -1084,8 +1084,22 @@ def memr_table(path: str) -> list[str]:
                "policy updates", "model rollouts", "model fits", "wall s"], rows)
 
 
-def memr_paired_table(path: str, configs: dict | None = None) -> list[str]:
-    configs = configs or load(path)["summary"]["configs"]
+def memr_scores(curves: list, warmup: int) -> dict[str, np.ndarray]:
+    """Per seed of one arm: the final return (mean of the last 3 evaluations) and the mean return over the
+    evaluations after warm-up (the area under the curve per env step); ``memr_common.summarize`` stores these."""
+    c = np.asarray(curves, dtype=float)  # [seeds, evals, (env steps, return, policy updates)]
+    trained = c[:, :, 0] > warmup
+    return {"final": c[:, -3:, 1].mean(axis=1),
+            "auc": np.array([c[m, trained[m], 1].mean() for m in range(len(c))])}
+
+
+def memr_paired_table(path: str) -> list[str]:
+    return memr_differences(load(path)["summary"]["configs"])
+
+
+def memr_differences(configs: dict) -> list[str]:
+    """Each pair of ``MEMR_PAIRS`` both present in ``configs`` (arm -> per seed ``final`` and ``auc``), paired by
+    seed."""
     rows = [[f"{MEMR_ARMS[a]} − {MEMR_ARMS[b]}", _paired_diff(configs[a]["final"], configs[b]["final"]),
              _paired_diff(configs[a]["auc"], configs[b]["auc"])]
             for a, b in MEMR_PAIRS if a in configs and b in configs]
@@ -1096,21 +1110,15 @@ def memr_paired_table(path: str, configs: dict | None = None) -> list[str]:
 def memr_scores_until(path: str, steps: int) -> dict[str, dict[str, list[float]]]:
     """Each arm's scores as if its run had stopped at ``steps`` env steps: the final return (mean of the last 3
     evaluations at or before it) and the mean return over the evaluations after warm-up up to it."""
-    data = load(path)
-    out = {}
-    for r in data["runs"]:
-        c = np.asarray(r["curves"], dtype=float)  # [seeds, evals, (env steps, return, policy updates)]
-        kept = c[:, c[0, :, 0] <= steps]
-        trained = kept[0, :, 0] > r["warmup"]
-        out[r["config"]] = {"final": kept[:, -3:, 1].mean(axis=1).tolist(),
-                            "auc": kept[:, trained, 1].mean(axis=1).tolist()}
-    return out
+    return {r["config"]: {k: v.tolist() for k, v in memr_scores(
+                [[row for row in seed if row[0] <= steps] for seed in r["curves"]], r["warmup"]).items()}
+            for r in load(path)["runs"]}
 
 
 @table
 def memr_hopper_first_run_at_40k() -> list[str]:
     """The first Hopper run (issue 25, 60k steps) scored at 40k steps, the issue-38 re-run's budget."""
-    return memr_paired_table("", memr_scores_until("memr_hopper/results.json", 40_000))
+    return memr_differences(memr_scores_until("memr_hopper/results.json", 40_000))
 
 
 @table

@@ -330,8 +330,7 @@ def memr_core(config: MEMRConfig, spec: EnvSpec) -> MEMRCore:
             return model_rows, model_w
         # Without replacement where the step has enough rows: a resample with replacement repeats about a third of
         # them, a smaller effective batch (with real_ratio 1 on Pendulum it learnt measurably slower than this).
-        pick = (jax.random.permutation(key_real, rows)[:real_rows] if real_rows <= rows
-                else jax.random.randint(key_real, (real_rows,), 0, rows))
+        pick = jax.random.choice(key_real, rows, (real_rows,), replace=real_rows > rows)
         real = jax.tree.map(lambda x: x[pick], batch)
         both = jax.tree.map(lambda r, m: jnp.concatenate([r.astype(m.dtype), m]), real, model_rows)
         return both, jnp.concatenate([weights[pick], model_w])
