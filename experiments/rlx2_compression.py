@@ -10,7 +10,9 @@ dense TD3, one member per replica. Methods: ``rlx2`` (``rlx2_td3``: RigL topolog
 dynamic buffer), ``rigl`` (RigL topology, 1-step target, fixed buffer), ``ss`` (static random sparse, 1-step,
 fixed buffer). RLx2's components, one removed at a time (``--methods rlx2_1step,rlx2_fixed_buffer``, not run by
 default): ``rlx2_1step`` (1-step target, dynamic buffer), ``rlx2_fixed_buffer`` (3-step target, fixed buffer); their
-table (``make results``) sets each against RigL, replica by replica.
+table (``make results``) sets each against RigL, replica by replica. ``rlx2_floor_sample`` is RLx2 with the buffer's
+floor B_min raised from T/30 to the 2,048 oldest rows its policy-distance check measures (8 x batch), so that the
+buffer never shrinks below the check's own sample.
 
 The paper's step-count hparams are rescaled to a run of T env steps as its spec prescribes (T0 = T/10, B_min = T/30,
 B_max = T/3, warm-up T/120), with the topology and buffer-check periods T/300 rounded up to a whole iteration
@@ -51,10 +53,13 @@ LAST_EVALS = 30
 METHODS = {"dense": None, "rlx2": {}, "rigl": {"n_step": 1, "dynamic_buffer": False},
            "ss": {"topology": "static", "n_step": 1, "dynamic_buffer": False},
            # RLx2 with one component removed (issue 39), each compared with RigL, which lacks both
-           "rlx2_1step": {"n_step": 1}, "rlx2_fixed_buffer": {"dynamic_buffer": False}}
+           "rlx2_1step": {"n_step": 1}, "rlx2_fixed_buffer": {"dynamic_buffer": False},
+           # the rescaled floor raised to the rows the buffer check measures (8 x batch 256), issue 39
+           "rlx2_floor_sample": {"buffer_min": 8 * 256}}
 COMPARED = ("dense", "rlx2", "rigl", "ss")  # the compression ratio's methods (the default run, table and plot)
 LABELS = {"dense": "dense TD3", "rlx2": "RLx2-TD3", "rigl": "RigL (1-step, fixed buffer)", "ss": "static sparse (SS)",
-          "rlx2_1step": "RLx2 without the multi-step target", "rlx2_fixed_buffer": "RLx2 with a fixed buffer"}
+          "rlx2_1step": "RLx2 without the multi-step target", "rlx2_fixed_buffer": "RLx2 with a fixed buffer",
+          "rlx2_floor_sample": "RLx2 with B_min = the check's 2,048-row sample"}
 
 
 def tag(env: str) -> str:
