@@ -188,6 +188,14 @@ def _refer_pace(refer: str, base: str) -> Callable[[], tuple[str, str]]:
     return evidence
 
 
+def _rlx2_component(component: str) -> Callable[[], tuple[str, str]]:
+    """The component's main effect at 90 % (the one sparsity where the methods learn), against 0."""
+    def evidence():
+        with_, without = rlx2_effects(rlx2_component_scores(0.9))[component]
+        return _paired(with_, without, digits=0)
+    return evidence
+
+
 HTS_MARGIN = 0.1  # "costs no data efficiency": HTS (Eq. 6) within 10 % of lock-step's mean return below it
 
 
@@ -199,6 +207,8 @@ def _hts_lag() -> tuple[str, str]:
 
 EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
     "hts_lag": _hts_lag,
+    "rlx2_multistep": _rlx2_component("the 3-step target"),
+    "rlx2_dynamic_buffer": _rlx2_component("the dynamic buffer"),
     "r1_gpu": _r1,
     "r2_pendulum": _pbt_rs("pendulum", "pbt", "random"),
     "r2_halfcheetah_25k": _pbt_rs("halfcheetah-v5", "pbt", "random"),
@@ -747,29 +757,56 @@ def rlx2_buffer_halfcheetah() -> list[str]:
 
 RLX2_COMPONENTS = {"rlx2_1step": "RLx2 without the multi-step target (1-step, dynamic buffer)",
                    "rlx2_fixed_buffer": "RLx2 with a fixed buffer (3-step target)"}
+RLX2_FLOOR = {"rlx2_floor_sample": "RLx2 with B_min = 2,048, the buffer check's sample (3-step, dynamic buffer)"}
+RLX2_FOLDER = "rlx2_compression_halfcheetah-v5"
+
+
+def rlx2_component_scores(level: float) -> dict[str, list[float]] | None:
+    """Score per replica at one sparsity of RigL, RLx2, its two components and (once run) the B_min variant; None
+    until both components have run. Replica r of every method is member ``4 r + level index``: the same keys."""
+    methods = ("rigl", "rlx2", *RLX2_COMPONENTS, *RLX2_FLOOR)
+    paths = {m: RESULTS / RLX2_FOLDER / f"{m}.json" for m in methods}
+    if not all(paths[m].exists() for m in RLX2_COMPONENTS):
+        return None
+    return {m: [x["score"] for x in load(path)["members"] if x["sparsity"] == level]
+            for m, path in paths.items() if path.exists()}
+
+
+def rlx2_effects(scores: dict[str, list[float]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The 2 x 2 design (target 1-step / 3-step x buffer fixed / dynamic: RigL, RLx2 with a fixed buffer, RLx2
+    without the multi-step target, RLx2) as paired arms per replica: each component's main effect is the mean over
+    the other component's two settings of (with − without)."""
+    s = {m: np.asarray(v, dtype=float) for m, v in scores.items()}
+    return {"the 3-step target": ((s["rlx2_fixed_buffer"] + s["rlx2"]) / 2, (s["rigl"] + s["rlx2_1step"]) / 2),
+            "the dynamic buffer": ((s["rlx2_1step"] + s["rlx2"]) / 2, (s["rigl"] + s["rlx2_fixed_buffer"]) / 2)}
 
 
 @table
 def rlx2_components_halfcheetah() -> list[str]:
     """RLx2 with one component removed, against RigL (which lacks both) and RLx2, at 90 % and 98 %: score per
     replica (member m of every method starts from the same keys, so replicas are paired) and minus RigL per replica
-    with the mean's t-interval (3 replicas: no bootstrap)."""
-    folder = "rlx2_compression_halfcheetah-v5"
-    if not all((RESULTS / folder / f"{m}.json").exists() for m in RLX2_COMPONENTS):
+    with the mean's t-interval (3 replicas: no bootstrap); then each component's main effect."""
+    if rlx2_component_scores(0.9) is None:
         return ["Not run yet."]
-    records = {m: load(f"{folder}/{m}.json") for m in ("rigl", "rlx2", *RLX2_COMPONENTS)}
-    labels = {**RLX2, **RLX2_COMPONENTS}
-    rows = []
+    labels = {**RLX2, **RLX2_COMPONENTS, **RLX2_FLOOR}
+    rows, effects = [], []
     for level in (0.9, 0.98):
-        scores = {m: [x["score"] for x in r["members"] if x["sparsity"] == level] for m, r in records.items()}
+        scores = rlx2_component_scores(level)
         for method, values in scores.items():
             diff = "-" if method == "rigl" else (f"{seeds(np.subtract(values, scores['rigl']))} (mean "
                                                  f"{num(float(np.mean(values) - np.mean(scores['rigl'])))}"
                                                  f"{t_beside(values, scores['rigl'], 0)})")
             rows.append([f"{100 * level:g} %", labels[method], seeds(values), f"**{num(float(np.mean(values)))}**",
                          diff])
-    return md(["sparsity", f"method (n = {len(scores['rigl'])} replicas)", "score per replica", "mean",
-               "minus RigL, per replica"], rows)
+        for component, (with_, without) in rlx2_effects(scores).items():
+            effects.append([f"{100 * level:g} %", component, seeds(with_ - without),
+                            f"**{num(float(np.mean(with_ - without)))}**{t_beside(with_, without, 0)}",
+                            f"{int(np.sum(with_ > without))} of {len(with_)}"])
+    n = len(scores["rigl"])
+    return (md(["sparsity", f"method (n = {n} replicas)", "score per replica", "mean", "minus RigL, per replica"],
+               rows) + [""] +
+            md(["sparsity", "component", "main effect per replica (mean of with − without over the other "
+                "component's two settings)", "mean", "replicas where it adds return"], effects))
 
 
 # --- ReF-ER (issue 24) -----------------------------------------------------------------------------------------

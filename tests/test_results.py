@@ -154,6 +154,8 @@ def test_the_rlx2_components_table_pairs_each_replica_with_rigl(tmp_path, monkey
 
     folder = tmp_path / "rlx2_compression_halfcheetah-v5"
     shutil.copytree(results.RESULTS / folder.name, folder)
+    for method in (*results.RLX2_COMPONENTS, *results.RLX2_FLOOR):
+        (folder / f"{method}.json").unlink(missing_ok=True)
     monkeypatch.setattr(results, "RESULTS", tmp_path)
     assert results.rlx2_components_halfcheetah() == ["Not run yet."]
     rigl = json.loads((folder / "rigl.json").read_text())
@@ -162,6 +164,51 @@ def test_the_rlx2_components_table_pairs_each_replica_with_rigl(tmp_path, monkey
     rows = [r for r in results.rlx2_components_halfcheetah() if "without the multi-step" in r]
     expected = [m["score"] for m in rigl["members"] if m["sparsity"] == 0.9]
     assert len(rows) == 2 and results.seeds(expected) in rows[0] and "0, 0, 0 (mean 0" in rows[0]
+
+
+def test_rlx2_main_effects_average_with_minus_without_over_the_other_component():
+    scores = {"rigl": [0, 0], "rlx2_fixed_buffer": [2, 4], "rlx2_1step": [1, 1], "rlx2": [5, 3]}
+    effects = {k: (w - wo).tolist() for k, (w, wo) in results.rlx2_effects(scores).items()}
+    # 3-step: ((2 - 0) + (5 - 1)) / 2 = 3 and ((4 - 0) + (3 - 1)) / 2 = 3; buffer: ((1 - 0) + (5 - 2)) / 2 = 2 and
+    # ((1 - 0) + (3 - 4)) / 2 = 0
+    assert effects == {"the 3-step target": [3.0, 3.0], "the dynamic buffer": [2.0, 0.0]}
+
+
+def test_the_rlx2_components_prose_numbers_come_from_the_json():
+    """The figures the reading of RLx2's components quotes: the 90 % means, the effects and the buffer's shrinks."""
+    import itertools
+
+    import numpy as np
+
+    section = DOCUMENT.split("### RLx2's components")[1].split("\n## ")[0]
+    scores = {m: np.asarray(v) for m, v in results.rlx2_component_scores(0.9).items()}
+    fixed, rigl, rlx2 = scores["rlx2_fixed_buffer"], scores["rigl"], scores["rlx2"]
+    assert f"scores {results.num(fixed.mean()).replace('112', ',112')} on the mean" in section  # 1,112
+    assert f"ahead of RigL on all {np.sum(fixed > rigl)} replicas (+{results.num(fixed.mean() - rigl.mean())})" \
+        in section
+    assert f"gives RLx2, at {results.num(rlx2.mean())}: lower on all {np.sum(rlx2 < fixed)} replicas" in section
+    dense = [m["score"] for m in results.load(f"{results.RLX2_FOLDER}/dense.json")["members"]]
+    assert f"dense TD3's {results.num(np.mean(dense))} on the mean" in section
+    effects = {k: w - wo for k, (w, wo) in results.rlx2_effects(scores).items()}
+    buffer, target = effects["the dynamic buffer"], effects["the 3-step target"]
+    assert f"main effect is −{results.num(-buffer.mean())} and negative on all {np.sum(buffer < 0)}" in section
+    assert f"the 3-step target's is +{results.num(target.mean())},\n  positive on {np.sum(target > 0)} of 3" \
+        in section
+    members = [m for method in ("rlx2", "rlx2_1step")
+               for m in results.load(f"{results.RLX2_FOLDER}/{method}.json")["members"] if m["sparsity"] == 0.9]
+    shrinks = [m["shrinks"] for m in members]
+    assert f"shrank {min(shrinks)}–{max(shrinks)} times" in section
+    longest = []
+    for m in members:
+        sizes, run, best = m["replay_size"], 0, 0
+        for before, now in itertools.pairwise(sizes):
+            run = run + 1 if now < min(before + 100, 8333) else 0
+            best = max(best, run)
+        longest.append(best)
+    assert f"up\n  to {max(longest)} in a row" in section
+    held = [np.mean([size for (step, _), size in zip(m["curve"], m["replay_size"], strict=True) if step >= 5000])
+            for m in members]
+    assert f"held {min(held):,.0f}–{max(held):,.0f}\n  rows on average" in section
 
 
 def test_the_spo_drift_prose_numbers_come_from_the_json():
