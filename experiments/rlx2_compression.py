@@ -10,9 +10,10 @@ dense TD3, one member per replica. Methods: ``rlx2`` (``rlx2_td3``: RigL topolog
 dynamic buffer), ``rigl`` (RigL topology, 1-step target, fixed buffer), ``ss`` (static random sparse, 1-step,
 fixed buffer). RLx2's components, one removed at a time (``--methods rlx2_1step,rlx2_fixed_buffer``, not run by
 default): ``rlx2_1step`` (1-step target, dynamic buffer), ``rlx2_fixed_buffer`` (3-step target, fixed buffer); their
-table (``make results``) sets each against RigL, replica by replica. ``rlx2_floor_sample`` is RLx2 with the buffer's
-floor B_min raised from T/30 to the 2,048 oldest rows its policy-distance check measures (8 x batch), so that the
-buffer never shrinks below the check's own sample.
+table (``make results``) sets each against RigL, replica by replica; with rigl and rlx2 in ``--methods`` (read back
+from their JSON) they are plotted to experiments/plots/rlx2_components_<env>.png. ``rlx2_floor_sample`` is RLx2
+with the buffer's floor B_min raised from T/30 to the 2,048 oldest rows its policy-distance check measures
+(8 x batch), so that the buffer never shrinks below the check's own sample.
 
 The paper's step-count hparams are rescaled to a run of T env steps as its spec prescribes (T0 = T/10, B_min = T/30,
 B_max = T/3, warm-up T/120), with the topology and buffer-check periods T/300 rounded up to a whole iteration
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 from rlx2_pendulum import random_policy
-from sweep_common import member_rows, saved_or_run
+from sweep_common import member_rows, plot_curves, saved_or_run
 
 import popjax
 from popjax.envs import registry
@@ -166,6 +167,32 @@ def plot(records: dict[str, dict], summary: dict, env: str, steps: int) -> Path:
     return save_figure(fig, HERE / "plots" / f"rlx2_compression_{tag(env)}.png")
 
 
+COMPONENTS = ("rigl", "rlx2_fixed_buffer", "rlx2_1step", "rlx2", "rlx2_floor_sample")  # the 2 x 2 design, then B_min
+
+
+def plot_components(records: dict[str, dict], env: str, steps: int) -> Path:
+    """Evaluation curves at 90 % and 98 % of RigL, RLx2 and RLx2 without each component: each replica thin, the mean
+    thick; and the replay size of every dynamic-buffer replica at 90 %."""
+    import matplotlib.pyplot as plt  # headless: popjax.plots selected the Agg backend
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    shown = [m for m in COMPONENTS if m in records]
+    for ax, level in zip(axes[:2], (0.9, 0.98), strict=True):
+        for i, method in enumerate(shown):
+            curves = [m["curve"] for m in records[method]["members"] if m["sparsity"] == level]
+            plot_curves(ax, curves, f"C{i}", LABELS[method])
+        ax.set(xlabel="env steps", ylabel="evaluation return", title=f"{env}, actor = critic sparsity {level:.0%}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    for i, method in enumerate(shown):
+        for m in records[method]["members"]:
+            if m["sparsity"] == 0.9 and "replay_size" in m:
+                axes[2].plot([p[0] for p in m["curve"]], m["replay_size"], color=f"C{i}", lw=0.8)
+    axes[2].set(xlabel="env steps", ylabel="replay size (rows)", title="dynamic buffers at 90 % (fixed: 8,333)")
+    axes[2].grid(alpha=0.3)
+    return save_figure(fig, HERE / "plots" / f"rlx2_components_{tag(env)}.png")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="gym:HalfCheetah-v5", help="a continuous env (probe:, brax: or gym:)")
@@ -180,7 +207,9 @@ def main() -> None:
     records = {method: saved_or_run(folder / f"{method}.json", {"steps": args.steps, "seeds": args.seeds},
                                     lambda method=method: run(method, args))
                for method in args.methods.split(",")}
-    records = {m: r for m, r in records.items() if m in COMPARED}  # the components have their own table only
+    if {"rigl", "rlx2_1step", "rlx2_fixed_buffer", "rlx2"} <= set(records):
+        print(plot_components(records, args.env, args.steps))
+    records = {m: r for m, r in records.items() if m in COMPARED}  # the components have their own table and plot
     if "dense" in records and len(records) > 1:
         summary = rlx2_compression_summary(records)
         print(json.dumps({k: {"ucr": v["ucr"], "relative": v["relative"]} for k, v in summary["methods"].items()}))
