@@ -252,3 +252,24 @@ def test_the_memr_hopper_before_after_figures_come_from_the_json():
     assert f"margin ({-0.1 * abs(np.mean(new['sac']['final'])):.1f})".replace("-", "−") in section
     walls = [round(new[arm]["total_s"]) for arm in ("sac", "memr_uniform", "memr")]
     assert "took {:,} + {:,} + {:,} s, about {:.0f} minutes".format(*walls, sum(walls) / 60) in section
+
+
+def test_the_r2_paper_prose_numbers_come_from_the_json():
+    """The counts and ranges the reading of R2 as the paper states it quotes, from the re-scored returns."""
+    import numpy as np
+
+    section = " ".join(DOCUMENT.split("## R2 as the paper states it")[1].split("\n## ")[0].split())
+    seed_ids, score = results.pbt_paper_scores()
+    n = len(seed_ids)
+    assert f"**Seeds 0-{max(seed_ids)} finished**" in section
+    assert f"worse in {np.sum(score['pbt'] < score['defaults'])} of {n} seeds (all but seed 0)" in section
+    assert score["pbt"][0] > score["defaults"][0]
+    assert f"ahead in {np.sum(score['pbt'] > score['random'])} of {n} seeds but behind on the mean" in section
+    assert score["pbt"].mean() < score["random"].mean()
+    best = np.argmax(score["random"])
+    assert score["random"][best] == max(s.max() for s in score.values())  # "the best score of any arm"
+    assert (f"Seed {seed_ids[best]}'s random search drew a member that re-scores {score['random'][best]:,.0f}"
+            in section and f"PBT's seed {seed_ids[best]} reached {score['pbt'][best]:,.0f}" in section)
+    assert score["defaults"].min() >= 1500 and "every seed re-scores at 1,500 or more" in section
+    searched = np.concatenate([score["pbt"], score["random"]])
+    assert f"range from {searched.min():,.0f} to {searched.max():,.0f}" in section
