@@ -803,10 +803,23 @@ def rlx2_components_halfcheetah() -> list[str]:
                             f"**{num(float(np.mean(with_ - without)))}**{t_beside(with_, without, 0)}",
                             f"{int(np.sum(with_ > without))} of {len(with_)}"])
     n = len(scores["rigl"])
-    return (md(["sparsity", f"method (n = {n} replicas)", "score per replica", "mean", "minus RigL, per replica"],
-               rows) + [""] +
-            md(["sparsity", "component", "main effect per replica (mean of with − without over the other "
-                "component's two settings)", "mean", "replicas where it adds return"], effects))
+    lines = (md(["sparsity", f"method (n = {n} replicas)", "score per replica", "mean", "minus RigL, per replica"],
+                rows) + [""] +
+             md(["sparsity", "component", "main effect per replica (mean of with − without over the other "
+                 "component's two settings)", "mean", "replicas where it adds return"], effects))
+    return lines + rlx2_floor_lines()
+
+
+def rlx2_floor_lines() -> list[str]:
+    """The B_min = 2,048 variant at 90 % against RLx2 (B_min = T/30) and RLx2 with a fixed buffer, per replica."""
+    scores = rlx2_component_scores(0.9)
+    if "rlx2_floor_sample" not in scores:
+        return []
+    floor = scores["rlx2_floor_sample"]
+    parts = [f"minus {name}: {seeds(np.subtract(floor, scores[m]))} (mean "
+             f"{num(float(np.mean(floor) - np.mean(scores[m])))}{t_beside(floor, scores[m], 0)})"
+             for m, name in (("rlx2", "RLx2 (B_min = 833)"), ("rlx2_fixed_buffer", "RLx2 with a fixed buffer"))]
+    return ["", f"B_min = 2,048 at 90 %, per replica, {parts[0]}; {parts[1]}."]
 
 
 # --- ReF-ER (issue 24) -----------------------------------------------------------------------------------------

@@ -164,6 +164,10 @@ def test_the_rlx2_components_table_pairs_each_replica_with_rigl(tmp_path, monkey
     rows = [r for r in results.rlx2_components_halfcheetah() if "without the multi-step" in r]
     expected = [m["score"] for m in rigl["members"] if m["sparsity"] == 0.9]
     assert len(rows) == 2 and results.seeds(expected) in rows[0] and "0, 0, 0 (mean 0" in rows[0]
+    assert not [r for r in results.rlx2_components_halfcheetah() if r.startswith("B_min = 2,048")]
+    (folder / "rlx2_floor_sample.json").write_text((folder / "rlx2.json").read_text())
+    (line,) = [r for r in results.rlx2_components_halfcheetah() if r.startswith("B_min = 2,048")]
+    assert "minus RLx2 (B_min = 833): 0, 0, 0 (mean 0; t [0, 0])" in line
 
 
 def test_rlx2_main_effects_average_with_minus_without_over_the_other_component():
