@@ -215,6 +215,20 @@ def test_the_rlx2_components_prose_numbers_come_from_the_json():
             for m in members]
     assert f"(after {capacity:,} steps) they held {min(held):,.0f}–{max(held):,.0f} rows on average" in \
         section.replace("\n  ", " ")
+    flat = " ".join(section.split())
+    at_98 = results.rlx2_component_scores(0.98)
+    assert f"between the random policy's −276 and {results.num(max(np.mean(v) for v in at_98.values()))}" in flat
+    floor_record = results.load(f"{results.RLX2_FOLDER}/rlx2_floor_sample.json")
+    floor = scores["rlx2_floor_sample"]
+    assert f"({floor_record['total_s']:,.0f} s)" in flat
+    low, high = results.stats.t_interval(floor - fixed)
+    assert (f"scores {results.num(floor.mean())[0]},{results.num(floor.mean())[1:]} on the mean: level with the "
+            f"fixed buffer's 1,112 (−{results.num(fixed.mean() - floor.mean())} on the mean, t "
+            f"[{results.num(low).replace('-', '−')}, {results.num(high)}])") in flat
+    assert (f"+{results.num(floor.mean() - rlx2.mean())} over RLx2 (ahead on {np.sum(floor > rlx2)} of 3 replicas)"
+            in flat)
+    floor_shrinks = [m["shrinks"] for m in floor_record["members"] if m["sparsity"] == 0.9]
+    assert f"still shrank {min(floor_shrinks)}–{max(floor_shrinks)} times" in flat
 
 
 def test_the_spo_drift_prose_numbers_come_from_the_json():
