@@ -786,12 +786,12 @@ def rlx2_components_halfcheetah() -> list[str]:
     """RLx2 with one component removed, against RigL (which lacks both) and RLx2, at 90 % and 98 %: score per
     replica (member m of every method starts from the same keys, so replicas are paired) and minus RigL per replica
     with the mean's t-interval (3 replicas: no bootstrap); then each component's main effect."""
-    if rlx2_component_scores(0.9) is None:
+    at = {level: rlx2_component_scores(level) for level in (0.9, 0.98)}
+    if at[0.9] is None:
         return ["Not run yet."]
     labels = {**RLX2, **RLX2_COMPONENTS, **RLX2_FLOOR}
     rows, effects = [], []
-    for level in (0.9, 0.98):
-        scores = rlx2_component_scores(level)
+    for level, scores in at.items():
         for method, values in scores.items():
             diff = "-" if method == "rigl" else (f"{seeds(np.subtract(values, scores['rigl']))} (mean "
                                                  f"{num(float(np.mean(values) - np.mean(scores['rigl'])))}"
@@ -807,12 +807,12 @@ def rlx2_components_halfcheetah() -> list[str]:
                 rows) + [""] +
              md(["sparsity", "component", "main effect per replica (mean of with − without over the other "
                  "component's two settings)", "mean", "replicas where it adds return"], effects))
-    return lines + rlx2_floor_lines()
+    return lines + rlx2_floor_lines(at[0.9])
 
 
-def rlx2_floor_lines() -> list[str]:
-    """The B_min = 2,048 variant at 90 % against RLx2 (B_min = T/30) and RLx2 with a fixed buffer, per replica."""
-    scores = rlx2_component_scores(0.9)
+def rlx2_floor_lines(scores: dict[str, list[float]]) -> list[str]:
+    """The B_min = 2,048 variant at 90 % (``scores``: ``rlx2_component_scores(0.9)``) against RLx2 (B_min = T/30)
+    and RLx2 with a fixed buffer, per replica."""
     if "rlx2_floor_sample" not in scores:
         return []
     floor = scores["rlx2_floor_sample"]

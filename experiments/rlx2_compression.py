@@ -50,13 +50,14 @@ from results import rlx2_compression_summary
 HERE = Path(__file__).resolve().parent
 HIDDEN = [256, 256]
 ROLLOUT = 50
+BATCH = 256
 LAST_EVALS = 30
 METHODS = {"dense": None, "rlx2": {}, "rigl": {"n_step": 1, "dynamic_buffer": False},
            "ss": {"topology": "static", "n_step": 1, "dynamic_buffer": False},
            # RLx2 with one component removed (issue 39), each compared with RigL, which lacks both
            "rlx2_1step": {"n_step": 1}, "rlx2_fixed_buffer": {"dynamic_buffer": False},
-           # the rescaled floor raised to the rows the buffer check measures (8 x batch 256), issue 39
-           "rlx2_floor_sample": {"buffer_min": 8 * 256}}
+           # the rescaled floor raised to the rows the buffer check measures (8 x batch), issue 39
+           "rlx2_floor_sample": {"buffer_min": 8 * BATCH}}
 COMPARED = ("dense", "rlx2", "rigl", "ss")  # the compression ratio's methods (the default run, table and plot)
 LABELS = {"dense": "dense TD3", "rlx2": "RLx2-TD3", "rigl": "RigL (1-step, fixed buffer)", "ss": "static sparse (SS)",
           "rlx2_1step": "RLx2 without the multi-step target", "rlx2_fixed_buffer": "RLx2 with a fixed buffer",
@@ -81,7 +82,7 @@ def schedule(steps: int) -> dict:
 def options(method: str, env: str, steps: int, seeds: int) -> dict:
     s = schedule(steps)
     base = dict(env=env, driver="independent", seed=0, preset="none", total_env_steps=steps,
-                warmup_steps=s["warmup"], rollout_len=ROLLOUT, update_ratio=1.0, batch_size=256,
+                warmup_steps=s["warmup"], rollout_len=ROLLOUT, update_ratio=1.0, batch_size=BATCH,
                 buffer_size=s["buffer_size"], eval_interval=s["period"], eval_episodes=1, checkpoint_interval=0,
                 progress=False)
     if METHODS[method] is None:
@@ -207,7 +208,7 @@ def main() -> None:
     records = {method: saved_or_run(folder / f"{method}.json", {"steps": args.steps, "seeds": args.seeds},
                                     lambda method=method: run(method, args))
                for method in args.methods.split(",")}
-    if {"rigl", "rlx2_1step", "rlx2_fixed_buffer", "rlx2"} <= set(records):
+    if set(COMPONENTS[:4]) <= set(records):
         print(plot_components(records, args.env, args.steps))
     records = {m: r for m, r in records.items() if m in COMPARED}  # the components have their own table and plot
     if "dense" in records and len(records) > 1:

@@ -187,7 +187,7 @@ def test_the_rlx2_components_prose_numbers_come_from_the_json():
     section = DOCUMENT.split("### RLx2's components")[1].split("\n## ")[0]
     scores = {m: np.asarray(v) for m, v in results.rlx2_component_scores(0.9).items()}
     fixed, rigl, rlx2 = scores["rlx2_fixed_buffer"], scores["rigl"], scores["rlx2"]
-    assert f"scores {results.num(fixed.mean()).replace('112', ',112')} on the mean" in section  # 1,112
+    assert f"scores {fixed.mean():,.0f} on the mean" in section
     assert f"ahead of RigL on all {np.sum(fixed > rigl)} replicas (+{results.num(fixed.mean() - rigl.mean())})" \
         in section
     assert f"gives RLx2, at {results.num(rlx2.mean())}: lower on all {np.sum(rlx2 < fixed)} replicas" in section
@@ -202,15 +202,16 @@ def test_the_rlx2_components_prose_numbers_come_from_the_json():
                for m in results.load(f"{results.RLX2_FOLDER}/{method}.json")["members"] if m["sparsity"] == 0.9]
     shrinks = [m["shrinks"] for m in members]
     assert f"shrank {min(shrinks)}–{max(shrinks)} times" in section
+    schedule = results.load(f"{results.RLX2_FOLDER}/rlx2.json")["schedule"]
+    period, capacity = schedule["period"], schedule["buffer_size"]
     longest = []
     for m in members:
         sizes, run, best = m["replay_size"], 0, 0
         for before, now in itertools.pairwise(sizes):
-            run = run + 1 if now < min(before + 100, 8333) else 0
+            run = run + 1 if now < min(before + period, capacity) else 0  # a check that dropped rows
             best = max(best, run)
         longest.append(best)
     assert f"up\n  to {max(longest)} in a row" in section
-    capacity = results.load(f"{results.RLX2_FOLDER}/rlx2.json")["schedule"]["buffer_size"]
     held = [np.mean([size for (step, _), size in zip(m["curve"], m["replay_size"], strict=True) if step > capacity])
             for m in members]
     assert f"(after {capacity:,} steps) they held {min(held):,.0f}–{max(held):,.0f} rows on average" in \
@@ -222,8 +223,8 @@ def test_the_rlx2_components_prose_numbers_come_from_the_json():
     floor = scores["rlx2_floor_sample"]
     assert f"({floor_record['total_s']:,.0f} s)" in flat
     low, high = results.stats.t_interval(floor - fixed)
-    assert (f"scores {results.num(floor.mean())[0]},{results.num(floor.mean())[1:]} on the mean: level with the "
-            f"fixed buffer's 1,112 (−{results.num(fixed.mean() - floor.mean())} on the mean, t "
+    assert (f"scores {floor.mean():,.0f} on the mean: level with the "
+            f"fixed buffer's {fixed.mean():,.0f} (−{results.num(fixed.mean() - floor.mean())} on the mean, t "
             f"[{results.num(low).replace('-', '−')}, {results.num(high)}])") in flat
     assert (f"+{results.num(floor.mean() - rlx2.mean())} over RLx2 (ahead on {np.sum(floor > rlx2)} of 3 replicas)"
             in flat)
