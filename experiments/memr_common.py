@@ -12,6 +12,7 @@ compared with paired bootstrap intervals (``popjax.stats.paired_ci``). Arms:
   only): if it does not match SAC per env step, the gap is in the rollout/segment/weight path, not in the model;
 - ``memr_oracle_real`` (diagnostic): ``memr_oracle`` with ``real_ratio: 1``, so SAC trains on the step's real start
   transitions only (each once, in a random order) through MEMR's own update path: it should match SAC;
+- ``memr_full`` (issue 48): ``memr`` with every rollout of the run kept (the learned model; the docs' advice);
 - ``memr_oracle_full`` (diagnostic): ``memr_oracle`` with a model buffer holding every rollout of the run (the
   default keeps the last 1e5, i.e. the actions of the last ~800 env steps' policies): does the gap come from SAC
   training on near-on-policy actions only?
@@ -52,15 +53,19 @@ ARMS = {"sac": ("sac", "uniform", {"start_states": None}),
         "memr_oracle_real": ("memr_sac", "uniform", {"start_states": "uniform", "model": "oracle", "real_ratio": 1.0}),
         # model_buffer is capped at one segment per update of the run, so this keeps every rollout
         "memr_oracle_full": ("memr_sac", "uniform", {"start_states": "uniform", "model": "oracle",
-                                                     "model_buffer": 100_000_000})}
+                                                     "model_buffer": 100_000_000}),
+        # issue 48: the docs' advice (model buffer as large as memory allows) with the learned model
+        "memr_full": ("memr_sac", "prioritized", {"start_states": "prioritized", "model_buffer": 100_000_000})}
 LABELS = {"sac": "SAC", "memr": "MEMR (prioritized start states)", "memr_uniform": "MEMR (uniform start states)",
           "memr_oracle": "MEMR (uniform start states, the env as model)",
           "memr_oracle_real": "MEMR's path on real rows only (env as model, real_ratio 1)",
           "memr_oracle_full": "MEMR (env as model, every rollout kept)",
+          "memr_full": "MEMR (prioritized, every rollout kept)",
           # a record kept from before real rows were drawn without replacement (not an arm this script runs)
           "memr_oracle_real_resampled": "as real_ratio 1, real rows drawn with replacement (before the fix)"}
 COLORS = {"sac": "C0", "memr": "C1", "memr_uniform": "C2", "memr_oracle": "C3", "memr_oracle_real": "C4",
-          "memr_oracle_full": "C5", "memr_oracle_real_resampled": "C6"}
+          "memr_oracle_full": "C5", "memr_oracle_real_resampled": "C6",
+          "memr_full": "C7"}
 MODEL_LOGS = ("model_val_nll", "model_done", "real_done", "is_weight", "priority", "priority_std")
 
 

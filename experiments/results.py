@@ -1106,11 +1106,12 @@ MEMR_ARMS = {"sac": "SAC", "memr": "MEMR, prioritized start states", "memr_unifo
              "memr_oracle": "MEMR, uniform start states, the env as model",
              "memr_oracle_real": "MEMR's update path on real rows only (env as model, real_ratio 1)",
              "memr_oracle_full": "MEMR, env as model, every rollout of the run kept",
+             "memr_full": "MEMR, prioritized, every rollout of the run kept (learned model)",
              "memr_oracle_real_resampled": "as the real-rows-only arm, rows drawn with replacement (before the fix)"}
 MEMR_PAIRS = (("memr", "sac"), ("memr_uniform", "sac"), ("memr", "memr_uniform"), ("memr_oracle", "sac"),
               ("memr_uniform", "memr_oracle"), ("memr_oracle_real", "sac"), ("memr_oracle_full", "sac"),
               ("memr_oracle_full", "memr_oracle"), ("memr_oracle_real_resampled", "sac"),
-              ("memr_oracle_real", "memr_oracle_real_resampled"))
+              ("memr_oracle_real", "memr_oracle_real_resampled"), ("memr_full", "memr"))
 MEMR_LOGS = {"model_val_nll": ("held-out model NLL", 2), "model_done": ("rollout termination rate", 3),
              "real_done": ("real termination rate", 3), "is_weight": ("mean IS weight (max-normalised)", 3),
              "priority": ("mean priority", 2), "priority_std": ("priority SD", 2)}
