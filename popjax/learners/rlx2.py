@@ -68,6 +68,7 @@ from popjax.learners.base import (
     scalar,
     without_extras,
 )
+from popjax.learners.multistep import at_step, window_steps
 from popjax.networks import sparse
 from popjax.population.hparams import extend, hparam
 from popjax.types import EnvSpec, Key, PyTree, Transition, Windows
@@ -210,22 +211,6 @@ def _mlp_shapes(inputs: int, outputs: int, layers: int, width: int) -> list[tupl
 
 
 # --- delayed multi-step targets -------------------------------------------------------------------
-def window_steps(windows: Windows, steps_used: jax.Array) -> tuple[jax.Array, jax.Array, Transition]:
-    """``(used [B, n], m [B], last)``: which window steps count (up to the first episode end, inclusive, and at
-    most ``steps_used``), how many, and the transition of the last one (the bootstrap step)."""
-    k = jnp.arange(windows.ended.shape[1])
-    ended_before = jnp.cumsum(windows.ended, axis=1) - windows.ended
-    used = (ended_before == 0) & (k < steps_used)  # step 0 always
-    m = used.sum(axis=1)
-    return used, m, at_step(windows.transitions, m - 1)
-
-
-def at_step(tree: PyTree, index: jax.Array) -> PyTree:
-    """Leaves ``[B, n, ...]`` -> ``[B, ...]`` at step ``index[b]`` of each window."""
-    return jax.tree.map(lambda x: jnp.take_along_axis(x, index.reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)[:, 0],
-                        tree)
-
-
 def multi_step_target(key: Key, actor_net, critic_net, target_actor: PyTree, target_critic: PyTree,
                       windows: Windows, hp, steps_used: jax.Array) -> jax.Array:
     """The uncorrected n-step TD3 target (Tan et al. 2023, Eq. 3) over windows ``[B, n]``, using the first
