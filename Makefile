@@ -38,6 +38,7 @@ $(STAMP): pyproject.toml benchmarks/pyproject.toml requirements.lock $(LOCK)
 	$(BIN)/pip install -q --no-deps -e .
 	$(BIN)/pip install -q --no-deps -e benchmarks
 	$(if $(TORCH_$(ACCEL)),$(BIN)/pip install -q $(TORCH_$(ACCEL)) || echo "PyTorch ($(ACCEL)) not available: the PyTorch benchmark baselines and their tests will be skipped")
+	$(if $(TORCH_$(ACCEL)),$(BIN)/pip install -q --no-deps "stable-baselines3==2.9.2" || echo "Stable-Baselines3 not available: experiments/parity_sb3.py cannot run its reference side")
 	echo $(ACCEL) > $(VENV)/.accelerator
 	touch $(STAMP)
 
