@@ -1,7 +1,8 @@
 """``popjax.train`` and ``popjax.resume``: a configuration in, a run directory out.
 
-Names are resolved here (learner, env, driver, devices) and every check runs before anything
-is written or compiled; the training itself is ``popjax.loop.Loop``.
+A configuration is resolved into a checked ``popjax.resolve.Plan`` (every check of the run, before anything is
+written or compiled), ``build`` makes the env runner and the loop from it, and the training itself is
+``popjax.loop.Loop``.
 """
 
 from __future__ import annotations
@@ -14,26 +15,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import jax
-
 from popjax import compile_cache, distributed
 from popjax.checkpoint import Checkpointer, CheckpointMismatch
-from popjax.config import ConfigError, RunConfig, check_memory, make_config, make_learner_config, saved_options
+from popjax.config import ConfigError, RunConfig, make_config, saved_options
 from popjax.drivers import DRIVERS
-from popjax.drivers.base import BuildContext, OwnInteraction, Rollout
+from popjax.drivers.base import OwnInteraction
 from popjax.envs import registry
 from popjax.envs.base import make_vec_env
 from popjax.envs.runner import HostRunner, JaxRunner
-from popjax.learners import LEARNERS
-from popjax.learners.base import declared_state_problem
 from popjax.loggers import check_installed, close_loggers, open_loggers
-from popjax.loop import KeyPurpose, Loop, key_for
+from popjax.loop import Loop
 from popjax.plots import learning_curves
-from popjax.population.hparams import Range, check_hparams, population_hparams
-from popjax.population.members import Members
-from popjax.population.sharding import Placement, acting_device, reserve_acting_device
 from popjax.presets import apply_preset
-from popjax.registry import SOURCES
+from popjax.resolve import Plan, resolve
 from popjax.rundir import RunDir, RunLock, check_new_run
 
 
@@ -47,90 +41,24 @@ class Run:
     config: RunConfig | None = None
 
 
-def build_learner_config(config: RunConfig, definition):
-    del definition  # the config's learner
-    return make_learner_config(config)
-
-
-def build(config: RunConfig, *, instrument: Callable[[str, Any], Callable] | None = None) -> Loop:
-    """Resolves every name into the driver, the env runner and the loop (no compilation).
+def build(plan: Plan | RunConfig, *, instrument: Callable[[str, Any], Callable] | None = None) -> Loop:
+    """The env runner and the loop of a checked ``Plan`` (a RunConfig is resolved first); checks nothing itself
+    and compiles nothing.
 
     ``instrument``: optional ``(name, compiled) -> callable`` wrapping every compiled program the loop
     runs (``popjax.loop.Compiler``), for Python callers that observe the loop (the benchmarks time it)."""
-    if config.overlap and registry.is_jax_env(config.env):
-        raise ConfigError(f"overlap: only the gymnasium path steps envs on the host; on {config.env} acting and "
-                          "learning are already one compiled call")
-    _check_processes(config)
-    if config.overlap:
-        reserve_acting_device(config.devices)  # before anything starts JAX
-    definition = LEARNERS[config.learner]
-    try:
-        spec = registry.env_spec(config.env)
-    except ValueError as err:
-        raise ConfigError(f"env: {err}") from None
-    if definition.action_kind != "any" and (definition.action_kind == "discrete") != spec.discrete:
-        raise ConfigError(f"env: {config.learner} needs {definition.action_kind} actions but {config.env} has "
-                          f"{spec.describe_actions()}")
-    check_memory(config, spec)  # replay buffers and evaluation batch, before anything is allocated
-    learner_config = build_learner_config(config, definition)
-    if definition.fit.check_env is not None and (found := definition.fit.check_env(learner_config, spec)) is not None:
-        key, why = found  # an option the env cannot serve: one line now, not a traceback when first traced
-        raise ConfigError(f"learner_config.{key}: {why}")
-    try:
-        placement = Placement(config.devices, config.parallel)
-        if config.overlap:
-            acting_device(config.devices)
-        space = {name: Range.from_dict(r) for name, r in config.search_space.items()}
-        hparams = population_hparams(definition.default_hparams(learner_config), config.pop_size, config.hparams,
-                                     space, key_for(config.seed, KeyPurpose.HPARAMS))
-        check_hparams(hparams)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    driver_def = DRIVERS[config.driver]
-    options = driver_def.parse_options(config)
-    # A static setting the run allows (TD3: a fixed policy delay). ``writes_back``: the source writes back for every
-    # learner; one that writes back only a refreshing learner's values (``keeps_refreshed``) serves learners whose
-    # step refreshes, which is known once made (ReF-ER: chunk 1, nothing to specialize).
-    if definition.fit.specialize is not None:
-        learner_config = definition.fit.specialize(learner_config, hparams, config.updates_per_iter,
-                                               options.searched_hparams(),
-                                               exact_chunks=not SOURCES[config.buffer].writes_back)
-    learner = definition.make(learner_config, spec)
-    _check_hooks(config, driver_def, learner)
-    if not isinstance(learner.step, definition.step_kind):  # a registry entry that contradicts its learner
-        raise TypeError(f"learner {config.learner}: make returned a {type(learner.step).__name__}, its LearnerDef "
-                        f"declares {definition.step_kind.__name__}")
-    if definition.pbt.policy_state or definition.pbt.optimizer_state:  # what copy: policy / reset_optimizer touch
-        first = jax.tree.map(lambda x: x[0], hparams)
-        state = jax.eval_shape(learner.init, key_for(config.seed, KeyPurpose.INIT), first)  # shapes only
-        if (why := declared_state_problem(definition, state)) is not None:
-            raise TypeError(f"learner {config.learner}: {why}")
-    ctx = BuildContext(config=config, spec=spec, learner_def=definition, learner_config=learner_config,
-                       learner=learner, hparams=hparams, members=Members(config.pop_size),
-                       setup_key=key_for(config.seed, KeyPurpose.DRIVER_SETUP))
-    driver = driver_def.build(ctx, options)
+    if isinstance(plan, RunConfig):
+        plan = resolve(plan)
+    config, placement = plan.config, plan.placement
     members = placement.members(config.pop_size)
-    local = driver_def.build(dataclasses.replace(ctx, members=members), options) if placement.per_device else driver
     if registry.is_jax_env(config.env):
-        runner = JaxRunner(make_vec_env(registry.make_jax_env(config.env)), members, config.envs_per_member)
+        runner = JaxRunner(make_vec_env(registry.make_jax_env(config.env)), members, config.envs_per_member,
+                           common_starts=config.eval_starts == "common")
     else:
-        _check_host_envs_split(config, driver)
         first, count = placement.local_members(config.pop_size)
         runner = HostRunner(lambda n, seed, first_env: registry.make_host_env(config.env, n, seed, first_env), count,
-                            config.envs_per_member, config.seed, first)
-    return Loop(config, driver, local, runner, placement, instrument=instrument)
-
-
-def _check_hooks(config: RunConfig, driver_def, learner) -> None:
-    """A driver that does not run the learner's replay hooks refuses it (never skips them)."""
-    hooks = [what for what, used in (("multi-step windows", getattr(learner.step, "window", 1) > 1),
-                                     ("maintenance steps", learner.maintain is not None),
-                                     ("a dynamic replay", learner.shrink is not None)) if used]
-    if hooks and not driver_def.learner_hooks:
-        allowed = ", ".join(name for name, d in DRIVERS.items()
-                            if d.learner_hooks and d.accepts_step(type(learner.step)))
-        raise ConfigError(f"learner: {config.learner} needs {' and '.join(hooks)}, which the {config.driver} driver "
-                          f"does not run (allowed drivers: {allowed})")
+                            config.envs_per_member, config.seed, first, common_starts=config.eval_starts == "common")
+    return Loop(config, plan.driver, plan.local, runner, placement, instrument=instrument, plan=plan)
 
 
 def train(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str | Path = "runs/latest",
@@ -168,7 +96,7 @@ def train(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str |
     check_new_run(out_dir, overwrite)
     check_installed(config.logger)
     _use_compile_cache(compile_cache, out_dir)
-    loop = build(config, instrument=instrument)
+    loop = build(resolve(config), instrument=instrument)
     distributed.barrier("popjax-checked")  # every process has checked out_dir before process 0 writes
     run_dir = RunDir(out_dir, writes=distributed.is_writer())
     with _writer_lock(out_dir):
@@ -328,32 +256,6 @@ def _use_compile_cache(setting: str | Path | None, run_dir: Path) -> None:
         compile_cache.enable(setting, run_dir)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-
-
-def _check_processes(config: RunConfig) -> None:
-    """Over several processes the population is split over every device of the job."""
-    import jax
-
-    if distributed.processes() > 1:
-        if config.devices != jax.device_count():
-            raise ConfigError(f"devices: a run over {distributed.processes()} processes uses every device of the job: "
-                              f"set devices to {jax.device_count()}, or leave it out (got {config.devices})")
-        if config.overlap:
-            raise ConfigError("overlap: not available in a run over several processes")
-
-
-def _check_host_envs_split(config: RunConfig, driver) -> None:
-    """Over several processes each one steps the gymnasium envs of its own members: the members must split
-    evenly over the devices, and the driver must act and evaluate per member."""
-    if distributed.processes() == 1:
-        return
-    if config.pop_size % config.devices:
-        raise ConfigError(f"pop_size: over several processes the gymnasium envs are stepped where their members "
-                          f"live, so pop_size must be a multiple of the {config.devices} devices "
-                          f"(got {config.pop_size})")
-    if not isinstance(driver.interaction, Rollout) or driver.evaluation.actors is not None:
-        raise ConfigError(f"driver: {config.driver} acts with other policies than the members' own, which a run "
-                          "over several processes supports only on JAX envs (probe:, brax:)")
 
 
 def _check_same_processes(meta: dict[str, Any], path: Path, checkpointer: Checkpointer) -> None:

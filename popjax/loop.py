@@ -119,11 +119,15 @@ class Loop:
       run_dir: where metrics rows go (set before ``run``).
       instrument: optional ``(name, compiled) -> callable`` wrapping every compiled program the loop
         runs (``Compiler``); for callers that observe the loop, e.g. timing it.
+      plan: the run's ``popjax.resolve.Plan`` (its learner config and driver options for the summary); None:
+        derived from ``config``.
     """
 
     def __init__(self, config: RunConfig, driver: Driver, local: Driver, runner, placement: Placement,
-                 run_dir: RunDir | None = None, instrument: Callable[[str, Any], Callable] | None = None):
+                 run_dir: RunDir | None = None, instrument: Callable[[str, Any], Callable] | None = None,
+                 plan: Any = None):
         self.config = config
+        self.plan = plan
         self.driver = driver
         self.local = local
         self.runner = runner
@@ -437,7 +441,8 @@ class Loop:
             "final_iqm": stats.population_iqm(final, not_independent=self._why_members_dependent()),
             **self.driver.host.summary(state),
         }
-        definition, learner_config = LEARNERS[cfg.learner], make_learner_config(cfg)
+        definition = LEARNERS[cfg.learner]
+        learner_config = self.plan.learner_config if self.plan is not None else make_learner_config(cfg)
         report = definition.report
         if report.costs is not None:
             hparams = fetch(self.driver.host.hparams(state))
@@ -452,8 +457,12 @@ class Loop:
     def _why_members_dependent(self) -> str | None:
         """None when the driver's members are independent samples (``DriverDef.independent_members``), else
         why ``final_iqm`` has no interval over them."""
-        definition = DRIVERS[self.config.driver]
-        if definition.members_independent(definition.parse_options(self.config)):
+        if self.plan is not None:
+            independent = self.plan.members_independent
+        else:
+            definition = DRIVERS[self.config.driver]
+            independent = definition.members_independent(definition.parse_options(self.config))
+        if independent:
             return None
         return (f"members of a {self.config.driver} run interact (copies, shared parts), so they are not "
                 "independent samples: an interval needs independent runs (seeds), e.g. popjax compare")

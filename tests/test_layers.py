@@ -23,7 +23,7 @@ LAYERS = [
     ("popjax.learners",),
     ("popjax.drivers",),
     ("popjax.loop", "popjax.presets"),
-    ("popjax.experiment", "popjax.export", "popjax.comparison"),
+    ("popjax.resolve", "popjax.experiment", "popjax.export", "popjax.comparison"),
     ("popjax.cli", "popjax.__main__", "popjax"),
 ]
 
