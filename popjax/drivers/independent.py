@@ -122,9 +122,15 @@ def _replay_population(ctx: BuildContext, state_cls, member_axes) -> Driver:
         return (learner_state, replay), metrics
 
     def learn(key: Key, state, experience: Experience):
-        """Adds the rollout to each member's replay, then trains (after warm-up)."""
+        """Adds the rollout to each member's replay (and shows it to the learner's ``observe``), then trains (after
+        warm-up)."""
         warm = warming_up(state)
         state = state.replace(buffer=jax.vmap(source.add)(state.buffer, experience.transitions, experience.ended))
+        if learner.observe is not None:  # its own key: the update keys of learners without the hook stay as they were
+            key, observe_key = jax.random.split(key)
+            observed = jax.vmap(learner.observe)(members.keys(observe_key), state.learner, experience.transitions,
+                                                 experience.ended, state.hparams)
+            state = state.replace(learner=observed)
         replay_metrics = {}
         if learner.shrink is not None:
             state, replay_metrics = shrink_replay(learner, source, members, rollout.steps_per_member, state)

@@ -6,7 +6,7 @@ A new learner is one module with a ``DEFINITION`` and one line here (or ``regist
 import dataclasses
 
 from popjax import registry
-from popjax.learners import a2c, dqn, memr, ppo, refer, rlx2, sac, shared_critic, spo, td3
+from popjax.learners import a2c, dqn, fast_td3, memr, ppo, refer, rlx2, sac, shared_critic, spo, td3
 from popjax.learners.base import Learner, LearnerDef
 from popjax.registry import LEARNERS
 
@@ -14,7 +14,7 @@ from popjax.registry import LEARNERS
 TD3 = dataclasses.replace(td3.DEFINITION, shared_critic=shared_critic.make_shared_critic_td3)
 
 for _definition in (TD3, sac.DEFINITION, dqn.DEFINITION, *spo.DEFINITIONS, ppo.DEFINITION, a2c.DEFINITION,
-                    *rlx2.DEFINITIONS, memr.DEFINITION, *refer.DEFINITIONS):
+                    *rlx2.DEFINITIONS, memr.DEFINITION, *refer.DEFINITIONS, fast_td3.DEFINITION):
     registry.add(LEARNERS, _definition, "learner")
 
 

@@ -112,6 +112,10 @@ class Learner(NamedTuple):
     policy(state, obs) -> action                 # greedy / evaluation
     step: a ``ReplayStep`` (off-policy, trained from a replay source) or a ``RolloutStep`` (on-policy)
     maintain: an optional ``Periodic`` hook; shrink: an optional ``ReplayShrink`` hook (replay steps only)
+    observe(key, state, transitions [T * envs, ...], ended [T * envs], hparams) -> state: optional (replay steps
+        only), what the state learns from each rollout besides the replay, before the updates and during warm-up
+        too (running observation statistics, a per-env exploration std redrawn when its episode ended);
+        transitions are time-major, ``envs`` the member's envs
     """
 
     init: Callable[[Key, Any], Any]
@@ -120,6 +124,7 @@ class Learner(NamedTuple):
     step: ReplayStep | RolloutStep
     maintain: Periodic | None = None
     shrink: ReplayShrink | None = None
+    observe: Callable[[Key, Any, Any, jax.Array, Any], Any] | None = None
 
 
 def without_extras(act: Callable) -> Callable:

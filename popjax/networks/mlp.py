@@ -15,16 +15,22 @@ import jax.numpy as jnp
 
 
 class MLP(nn.Module):
-    """Fully connected ReLU network with a linear output layer."""
+    """Fully connected ReLU network with a linear output layer; ``layer_norm``: LayerNorm before each ReLU;
+    ``out_init``: the output layer's kernel initialiser (None: flax's default)."""
 
     hidden: Sequence[int]
     out_dim: int
+    layer_norm: bool = False
+    out_init: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for width in self.hidden:
-            x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(self.out_dim)(x)
+            x = nn.Dense(width)(x)
+            x = nn.relu(nn.LayerNorm()(x) if self.layer_norm else x)
+        if self.out_init is None:
+            return nn.Dense(self.out_dim)(x)
+        return nn.Dense(self.out_dim, kernel_init=self.out_init)(x)
 
 
 class DeterministicActor(nn.Module):
