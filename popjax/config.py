@@ -44,6 +44,7 @@ __all__ = ["ConfigError", "PARALLEL_MODES", "RunConfig", "check_memory", "check_
            "make_learner_config", "saved_options"]
 
 PARALLEL_MODES = ("sharding", "pmap")
+EVAL_STARTS = ("common", "member")  # evaluation start states: shared by every member (fresh each time) or per member
 MAX_STEPS = 2**30  # env steps per member: int32 counters (plus one iteration) never overflow
 
 
@@ -128,6 +129,9 @@ class RunConfig:
     eval_interval: Int(ge=1, le=MAX_STEPS) = Field(5_000, description="env steps per member between evaluations")
     eval_episodes: Int(ge=1, le=10_000) = Field(
         5, description="deterministic episodes per member at each evaluation")
+    eval_starts: OneOf(EVAL_STARTS) = Field(
+        "common", description="evaluation start states: common (episode e of every member starts from the same "
+        "state, fresh at each evaluation, so members are ranked on the same episodes) or member (each its own)")
     learner_config: Options = Field(
         default_factory=dict, description="static options of the learner (network sizes, ...)",
         json_schema_extra={"allowed": "{key: value}, the learner's keys (listed below)"})
@@ -156,8 +160,9 @@ class RunConfig:
         "Biases run per population: members' curves and hparams, PBT's exploits; pip install 'popjax[wandb]')")
     matmul_precision: OneOf(MATMUL_PRECISIONS) = Field(
         "default", description="arithmetic of every matrix product and convolution the run compiles: default (JAX's: "
-        "TF32 on a recent NVIDIA GPU, float32 on a CPU), tf32, highest (full float32) or bf16 (bfloat16 operands, "
-        "float32 accumulation, float32 parameters and optimizer); see docs/gpu.md")
+        "TF32 on a recent NVIDIA GPU, float32 on a CPU), tf32, highest (full float32) or bf16 (the networks' "
+        "products from bfloat16 operands with float32 accumulation; everything else, env physics included, as "
+        "highest); see docs/gpu.md")
 
     @model_validator(mode="after")
     def _check(self):

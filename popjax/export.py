@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from popjax import precision
 from popjax.config import ConfigError
 from popjax.networks import compact
 
@@ -48,6 +49,7 @@ def export_policy(run_dir: str | Path, out: str | Path | None = None, member: in
     layers = compact.compact_layers([dense[n]["kernel"] for n in names], [dense[n]["bias"] for n in names])
     meta = {"format": "popjax compact MLP actor, ReLU hidden layers, tanh output", "learner": run.config.learner,
             "env": run.config.env, "member": member, "run": str(Path(run_dir).resolve()),
+            "matmul_precision": run.config.matmul_precision,
             "final_return": returns[member] if member < len(returns) else None,
             "obs_size": layers[0].shape[0], "action_size": layers[-1].shape[1],
             "active_weights": compact.active_links(layers),
@@ -64,10 +66,13 @@ def read_meta(path: str | Path) -> dict:
 
 
 def load_policy(path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
-    """The exported actor as ``policy(obs) -> actions`` (one observation or a batch), jitted."""
+    """The exported actor as ``policy(obs) -> actions`` (one observation or a batch), jitted, with the products of
+    the run's ``matmul_precision`` (files written before it was recorded: ``default``)."""
     with np.load(path) as data:
-        layers = compact.from_arrays({k: data[k] for k in data.files})
-    forward = jax.jit(lambda x: compact.forward(layers, x))
+        layers = compact.from_arrays({k: data[k] for k in data.files if k != "meta"})
+        name = json.loads(str(data["meta"])).get("matmul_precision", "default")
+    network = precision.network(lambda x: compact.forward(layers, x))
+    forward = jax.jit(precision.apply(network, precision.check(name)))
 
     def policy(obs):
         obs = jnp.asarray(obs, jnp.float32)

@@ -7,18 +7,22 @@ or learning comparison means something only when the arithmetic is chosen and re
 - ``tf32``: float32 matrices multiplied on TF32 tensor cores (``jax.default_matmul_precision("tensorfloat32")``);
   a CPU has no TF32 and computes in float32;
 - ``highest``: full float32 products (``"float32"``), on every device;
-- ``bf16``: every float32 matrix product and convolution of the program takes its operands rounded to bfloat16
-  and accumulates in float32 (PyTorch's autocast to bfloat16 for matmuls); parameters, optimizer moments and
-  every other operation stay float32. It is done by rewriting the traced program (``bf16_products``), so it
-  covers every network of every learner, forward and backward, and computes the same on a CPU as on a GPU.
+- ``bf16``: the products of the learners' networks, forward and backward, take their operands rounded to bfloat16
+  and accumulate in float32 (PyTorch's autocast to bfloat16 for matmuls); every other product (env physics, CEM's
+  distribution update, DvD's kernel and Cholesky, evaluation) is full float32 as under ``highest``, and
+  parameters, optimizer moments and every other operation stay float32. The rounding is a rewrite of the traced
+  network pass (``bf16_products``), so it computes the same on a CPU as on a GPU.
 
-``apply`` wraps a function so that its trace uses the choice; ``popjax.loop.Compiler`` applies it to every
-program a run compiles. ``arithmetic`` names what a device then computes, which is what the speed studies record
-and pair with PyTorch's side (``torch_settings``).
+A network pass is a function marked with ``network``: every ``Learner``'s ``act``, ``policy``, replay or rollout
+update and hooks are marked when its ``LearnerDef`` makes it (``popjax.learners.base``), and a population learner
+marks its networks' ``apply`` (``network_module``). ``apply`` wraps a whole program so that its trace uses the
+choice; ``popjax.loop.Compiler`` applies it to every program a run compiles. ``arithmetic`` names what a device then
+computes, which is what the speed studies record and pair with PyTorch's side (``torch_settings``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -28,8 +32,11 @@ import jax.numpy as jnp
 from jax.extend import core
 
 MATMUL_PRECISIONS = ("default", "tf32", "highest", "bf16")
-# jax.default_matmul_precision for the choices set through JAX's own option (None: leave JAX's default).
-_JAX_SETTING = {"default": None, "tf32": "tensorfloat32", "highest": "float32", "bf16": None}
+# jax.default_matmul_precision for the choices set through JAX's own option (None: leave JAX's default); under bf16
+# every product outside a network pass is float32.
+_JAX_SETTING = {"default": None, "tf32": "tensorfloat32", "highest": "float32", "bf16": "float32"}
+# Whether the program being traced rounds its network passes (set by ``apply`` while it traces).
+_ROUND_NETWORKS = contextvars.ContextVar("popjax_round_networks", default=False)
 _PRODUCTS = (core.primitives.dot_general_p, core.primitives.conv_general_dilated_p)
 
 
@@ -41,19 +48,74 @@ def check(name: str) -> str:
 
 
 def apply(fn: Callable, name: str) -> Callable:
-    """``fn`` traced with the matrix-product arithmetic ``name`` (``fn`` itself for ``default``)."""
+    """``fn`` traced with the matrix-product arithmetic ``name`` (``fn`` itself for ``default``); under ``bf16`` the
+    network passes it calls (``network``) round their operands."""
     check(name)
-    if name == "bf16":
-        return bf16_products(fn)
-    if _JAX_SETTING[name] is None:
+    if name == "default":
         return fn
 
     @functools.wraps(fn)
     def traced(*args):
-        with jax.default_matmul_precision(_JAX_SETTING[name]):  # read when each product is traced
-            return fn(*args)
+        token = _ROUND_NETWORKS.set(name == "bf16")  # read when each network pass is traced
+        try:
+            with jax.default_matmul_precision(_JAX_SETTING[name]):  # read when each product is traced
+                return fn(*args)
+        finally:
+            _ROUND_NETWORKS.reset(token)
 
     return traced
+
+
+def network(fn: Callable) -> Callable:
+    """``fn`` marked as a network pass: traced inside a ``bf16`` program (``apply``), its products, and those of its
+    gradient when a caller differentiates through it, take bfloat16-rounded operands; elsewhere it is ``fn``.
+    Marking twice is marking once."""
+    if getattr(fn, "_popjax_network", False):
+        return fn
+
+    @functools.wraps(fn)
+    def scoped(*args, **kwargs):
+        if not _ROUND_NETWORKS.get():
+            return fn(*args, **kwargs)
+        return _bf16_pass(lambda a, kw: fn(*a, **kw))(args, kwargs)
+
+    scoped._popjax_network = True
+    return scoped
+
+
+class network_module:  # noqa: N801 (used like a function: ``network_module(Dense(...))``)
+    """A flax module whose ``apply`` is a network pass (``network``); everything else is the module's."""
+
+    def __init__(self, module):
+        self.module = module
+        self.apply = network(module.apply)
+
+    def __getattr__(self, name: str):
+        return getattr(self.module, name)
+
+
+def _bf16_pass(fn: Callable) -> Callable:
+    """``bf16_products(fn)`` whose gradient is ``fn``'s gradient with its products rounded the same way (the
+    rewrite sees the gradient's program, as if the caller's whole program had been rewritten)."""
+    call = jax.custom_vjp(bf16_products(functools.partial(_whole, fn)))
+
+    def forward(*args):
+        return bf16_products(functools.partial(_whole, lambda *a: jax.vjp(fn, *a)))(*args)
+
+    def backward(pullback, cotangent):
+        return bf16_products(lambda pull, ct: pull(ct))(pullback, cotangent)
+
+    call.defvjp(forward, backward)
+    return call
+
+
+def _whole(fn: Callable, *args):
+    """``fn(*args)`` traced as one pass: the network passes it calls are plain (the rewrite covers them)."""
+    token = _ROUND_NETWORKS.set(False)
+    try:
+        return fn(*args)
+    finally:
+        _ROUND_NETWORKS.reset(token)
 
 
 def arithmetic(name: str, platform: str | None = None) -> str:
@@ -84,7 +146,7 @@ def torch_settings(arith: str) -> dict[str, Any]:
             "autocast": "bfloat16" if arith == "bf16" else None}
 
 
-# --- bf16: a rewrite of the traced program ---------------------------------------------------------------------
+# --- bf16: a rewrite of the traced network pass ----------------------------------------------------------------
 def bf16_products(fn: Callable) -> Callable:
     """``fn`` with every float32 matrix product (``dot_general``) and convolution computed from bfloat16-rounded
     operands with float32 accumulation and a float32 result, in its own body and in every nested program

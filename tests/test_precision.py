@@ -1,7 +1,8 @@
 """``matmul_precision``: the arithmetic of matrix products, applied to every compiled program of a run and recorded.
 
 On a CPU, ``default``, ``tf32`` and ``highest`` all compute float32 products (a CPU has no TF32), so their runs are
-bit-identical; ``bf16`` rounds every product's operands to bfloat16 and so changes the results (and still learns).
+bit-identical; ``bf16`` rounds the operands of every product of the networks' passes to bfloat16 and so changes the
+results (and still learns); what it leaves float32 is tested in test_precision_scope.py.
 """
 
 import json
@@ -34,8 +35,8 @@ def nested(w, x):
     return x @ w, jax.lax.scan(body, w, None, length=2)[1]
 
 
-def test_bf16_rounds_the_operands_of_every_product_and_float32_keeps_them():
-    top, (rows, grad, branch) = jax.jit(precision.apply(nested, "bf16"))(W, X)
+def test_bf16_rounds_the_operands_of_every_product_of_a_network_pass_and_float32_keeps_them():
+    top, (rows, grad, branch) = jax.jit(precision.apply(precision.network(nested), "bf16"))(W, X)
     np.testing.assert_array_equal(top, np.full((4, 3), 8.0))
     np.testing.assert_array_equal(rows, [8.0, 8.0])
     np.testing.assert_array_equal(grad, [4.0, 4.0])  # d/dw of sum(x @ w): 4 rows of x[:, 0] = 1 + 2**-10 -> 1
@@ -48,12 +49,12 @@ def test_bf16_rounds_the_operands_of_every_product_and_float32_keeps_them():
 
 
 def test_tf32_and_highest_reach_jax_as_its_precision_option():
-    lowered = {name: jax.jit(precision.apply(nested, name)).lower(W, X).as_text()
+    lowered = {name: jax.jit(precision.apply(precision.network(nested), name)).lower(W, X).as_text()
                for name in precision.MATMUL_PRECISIONS}
     assert "precision = [HIGH, HIGH]" in lowered["tf32"] and "HIGHEST" not in lowered["tf32"]
     assert "precision = [HIGHEST, HIGHEST]" in lowered["highest"]
     assert "HIGH" not in lowered["default"] and "bf16" not in lowered["default"]
-    # every product of the bf16 program (5 in the forward pass and the scan body, 2 more for the gradient)
+    # every product of the bf16 network pass (5 in the forward pass and the scan body, 2 more for the gradient)
     # takes bfloat16 operands and gives float32
     assert lowered["bf16"].count("stablehlo.dot_general") == lowered["default"].count("stablehlo.dot_general")
     dots = [line for line in lowered["bf16"].splitlines() if "stablehlo.dot_general" in line]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, NamedTuple, Protocol
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from popjax import precision
 from popjax.population.tree import member
 from popjax.schema import Int, Number, NumberList
 from popjax.types import EnvSpec, Key, Metrics, PyTree
@@ -125,6 +127,19 @@ class Learner(NamedTuple):
     maintain: Periodic | None = None
     shrink: ReplayShrink | None = None
     observe: Callable[[Key, Any, Any, jax.Array, Any], Any] | None = None
+
+
+def network_passes(learner: Learner) -> Learner:
+    """``learner`` with every function that runs its networks marked as a network pass (``popjax.precision``):
+    ``act``, ``policy``, the step's update, a refresh's ``rows`` and the hooks; ``init`` is not (it draws
+    parameters). What ``LearnerDef`` does to every learner it makes, so a new learner is rounded under
+    ``matmul_precision: bf16`` without a word about it, and nothing outside its networks is."""
+    step = learner.step._replace(update=precision.network(learner.step.update))
+    if isinstance(step, ReplayStep) and step.refresh is not None:
+        step = step._replace(refresh=step.refresh._replace(rows=precision.network(step.refresh.rows)))
+    hook = lambda h: None if h is None else h._replace(run=precision.network(h.run))  # noqa: E731
+    return learner._replace(act=precision.network(learner.act), policy=precision.network(learner.policy), step=step,
+                            maintain=hook(learner.maintain), shrink=hook(learner.shrink))
 
 
 def without_extras(act: Callable) -> Callable:
@@ -247,8 +262,9 @@ class LearnerDef:
     ``RolloutStep``), known before the env is, so a run is checked against its driver and replay source when built.
     ``presets``: tuned options per env (``popjax.presets`` fills what the user did not give). ``shared_critic(config,
     spec, actors, diversity=None, device_axis=None)``: a ``PopulationLearner`` whose actors share one critic (TD3's,
-    for the cemrl and dvd drivers); None: none offered. The capabilities: ``pbt`` (``PBTSupport``), ``report``
-    (``Report``), ``fit`` (``RunFit``).
+    for the cemrl and dvd drivers); None: none offered. The learners ``make`` returns have their network passes
+    marked (``network_passes``); a ``PopulationLearner`` marks its networks itself (``precision.network_module``).
+    The capabilities: ``pbt`` (``PBTSupport``), ``report`` (``Report``), ``fit`` (``RunFit``).
     """
 
     name: str
@@ -264,10 +280,23 @@ class LearnerDef:
     fit: RunFit = RunFit()
     shared_critic: Callable[..., Any] | None = None
 
+    def __post_init__(self):
+        if not getattr(self.make, "_network_passes", False):  # dataclasses.replace makes the entry again
+            object.__setattr__(self, "make", _making_network_passes(self.make))
+
     @property
     def on_policy(self) -> bool:
         """Trained on each iteration's trajectories (a ``RolloutStep``), with no replay."""
         return self.step_kind is RolloutStep
+
+
+def _making_network_passes(make: Callable[[Any, EnvSpec], Learner]) -> Callable[[Any, EnvSpec], Learner]:
+    @functools.wraps(make)
+    def made(config, spec):
+        return network_passes(make(config, spec))
+
+    made._network_passes = True
+    return made
 
 
 def declared_state_problem(definition: LearnerDef, state: PyTree) -> str | None:

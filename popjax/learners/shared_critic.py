@@ -49,6 +49,7 @@ from popjax.learners.base import adam_init, adam_step, polyak, select
 from popjax.learners.td3 import TD3Config, TD3HParams, critic_loss_fn, dpg_loss, target_q
 from popjax.networks.mlp import DeterministicActor, TwinCritic
 from popjax.population.tree import member
+from popjax.precision import network_module
 from popjax.types import EnvSpec, Key, Metrics, PyTree, Transition
 
 AXIS = "pop"
@@ -219,8 +220,9 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
     """
     if spec.discrete:
         raise ValueError("the shared-critic TD3 needs continuous actions")
-    actor_net = DeterministicActor(config.hidden, spec.action_dim)
-    critic_net = TwinCritic(config.hidden)
+    # Network passes (rounded under matmul_precision bf16); DvD's kernel and Cholesky are not.
+    actor_net = network_module(DeterministicActor(config.hidden, spec.action_dim))
+    critic_net = network_module(TwinCritic(config.hidden))
     obs0 = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
     act0 = jnp.zeros((1, spec.action_dim), jnp.float32)
     collectives = population_collectives(pop_size, device_axis)  # every reduction spans the population
