@@ -30,11 +30,12 @@ ifneq ($(ACCEL),$(VENV_ACCEL))
 .PHONY: $(STAMP)  # the environment is for another accelerator: install afresh
 endif
 
-$(STAMP): pyproject.toml benchmarks/pyproject.toml requirements.lock $(LOCK)
+$(STAMP): pyproject.toml benchmarks/pyproject.toml requirements.lock requirements-envs.lock $(LOCK)
 	if [ -e $(STAMP) ] && [ "$(VENV_ACCEL)" != "$(ACCEL)" ]; then rm -rf $(VENV); fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r $(LOCK)
+	$(BIN)/pip install -q --no-deps -r requirements-envs.lock  # env families: see the file's header
 	$(BIN)/pip install -q --no-deps -e .
 	$(BIN)/pip install -q --no-deps -e benchmarks
 	$(if $(TORCH_$(ACCEL)),$(BIN)/pip install -q $(TORCH_$(ACCEL)) || echo "PyTorch ($(ACCEL)) not available: the PyTorch benchmark baselines and their tests will be skipped")
