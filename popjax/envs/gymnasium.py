@@ -101,9 +101,12 @@ class HostVecEnv:
         self._lengths = np.zeros(self.num_envs, np.int64)
 
     # ----------------------------------------------------------------------------------------
-    def reset(self) -> np.ndarray:
-        """Resets every env (env ``i`` with seed ``seed * 1_000_003 + first_env + i``); returns ``[n, *obs_shape]``."""
-        obs = [env.reset(seed=self.seed * SEED_STRIDE + self.first_env + i)[0] for i, env in enumerate(self.envs)]
+    def reset(self, seeds=None) -> np.ndarray:
+        """Resets every env (env ``i`` with seed ``seed * 1_000_003 + first_env + i``, or ``seeds[i]`` when given);
+        returns ``[n, *obs_shape]``."""
+        if seeds is None:
+            seeds = [self.seed * SEED_STRIDE + self.first_env + i for i in range(self.num_envs)]
+        obs = [env.reset(seed=int(s))[0] for s, env in zip(seeds, self.envs, strict=True)]
         self._obs = np.stack(obs).astype(np.float32)
         self._returns[:] = 0.0
         self._lengths[:] = 0

@@ -14,6 +14,11 @@ with each transition, stored in ``Transition.extras``) with ``obs`` shaped
 ``[actors, envs per actor, *obs_shape]`` and ``t`` the step index inside the call (the key
 of step ``t`` is derived inside the compiled call, not on the host); evaluation policies are
 ``policy(actor, obs) -> actions``. Continuous actions are in ``[-1, 1]``.
+
+Evaluation uses common random numbers across members (``common_starts``, the default; the run's ``eval_starts:
+common``): episode e of every member starts from the same state, fresh at each evaluation, so a ranking of members
+(PBT's fitness, a sweep's objective) compares policies, not start-state luck. ``eval_starts: member`` gives each
+member its own start states (popjax before issue 48).
 """
 
 from __future__ import annotations
@@ -79,8 +84,9 @@ class JaxRunner:
 
     jax_path = True
 
-    def __init__(self, vec_env: VecEnv, members: Members, envs_per_member: int):
+    def __init__(self, vec_env: VecEnv, members: Members, envs_per_member: int, common_starts: bool = True):
         self.vec_env = vec_env
+        self.common_starts = common_starts
         self.spec: EnvSpec = vec_env.spec
         self.members = members
         self.envs_per_member = envs_per_member
@@ -113,14 +119,16 @@ class JaxRunner:
         return self._episodes(key, act, actor, actor_ids, episodes, record=True)
 
     def evaluate(self, key: Key, policy: Callable, actor, actor_ids: jax.Array, episodes: int) -> jax.Array:
-        """Mean return ``[m]`` of ``episodes`` deterministic episodes per actor."""
+        """Mean return ``[m]`` of ``episodes`` deterministic episodes per actor (the same start states for every
+        actor with ``common_starts``: env ids 0 .. episodes-1 under this evaluation's key)."""
         act = lambda key, t, actor, obs: (policy(actor, obs), None)  # an act's pair: nothing recorded
-        return self._episodes(key, act, actor, actor_ids, episodes, record=False).returns
+        return self._episodes(key, act, actor, actor_ids, episodes, record=False, common=self.common_starts).returns
 
-    def _episodes(self, key, act, actor, actor_ids, episodes, record):
+    def _episodes(self, key, act, actor, actor_ids, episodes, record, common=False):
         spec, m = self.spec, actor_ids.shape[0]
         key_reset, key_act, key_env = jax.random.split(key, 3)
-        env_state = self.vec_env.reset(key_reset, env_ids(actor_ids, episodes))
+        ids = jnp.tile(jnp.arange(episodes, dtype=jnp.int32), m) if common else env_ids(actor_ids, episodes)
+        env_state = self.vec_env.reset(key_reset, ids)
 
         def env_step(carry, t):
             env_state, total, alive = carry
@@ -151,6 +159,11 @@ class HostRunner:
     of the same policy are identical and comparable across members. Host envs cannot be
     snapshotted: after a resume, training envs start new episodes from their seeded reset.
 
+    With ``common_starts`` (the default) an evaluation resets episode e of every member with seed
+    ``eval_seeds(key, episodes)[e]``, drawn from the evaluation's key: the same start states for every member,
+    fresh at the next evaluation, the same again after a resume. Without, member m's episode e is seeded
+    ``(seed + 10_000) * 1_000_003 + m * episodes + e`` at every evaluation.
+
     In a run over several processes each process steps the envs of its own members
     (``num_members`` from ``first_member``), seeded as in a single-process run.
     """
@@ -159,7 +172,7 @@ class HostRunner:
     EVAL_SEED_OFFSET = 10_000
 
     def __init__(self, env_factory: Callable[[int, int, int], Any], num_members: int, envs_per_member: int, seed: int,
-                 first_member: int = 0):
+                 first_member: int = 0, common_starts: bool = True):
         self.env_factory = env_factory  # (num_envs, seed, first_env) -> HostVecEnv
         self.num_members = num_members  # this process's members (all of them in a single-process run)
         self.envs_per_member = envs_per_member
@@ -169,6 +182,12 @@ class HostRunner:
         self.spec: EnvSpec = self.env.spec
         self._eval_envs: dict[int, Any] = {}
         self._freshly_reset = False
+        self.common_starts = common_starts
+
+    @staticmethod
+    def eval_seeds(key: Key, episodes: int) -> list[int]:
+        """The gymnasium reset seeds of one evaluation's episodes (common to every member), from its key."""
+        return [int(s) for s in np.asarray(jax.random.randint(key, (episodes,), 0, np.iinfo(np.int32).max))]
 
     def reset(self, key: Key) -> None:
         del key  # gymnasium envs are seeded from the run seed
@@ -209,13 +228,13 @@ class HostRunner:
 
     def evaluate(self, key: Key, policy: Callable, actor, actor_ids, episodes: int) -> np.ndarray:
         """Mean return ``[m]`` of ``episodes`` deterministic episodes per actor, in re-seeded envs."""
-        del key
         m = len(actor_ids)
         n = m * episodes
         if n not in self._eval_envs:
             self._eval_envs[n] = self.env_factory(n, self.seed + self.EVAL_SEED_OFFSET, self.first_member * episodes)
         vec = self._eval_envs[n]
-        return self._episodes(vec, lambda t, o: policy(actor, o), m, episodes, vec.reset(), record=False).returns
+        obs = vec.reset(self.eval_seeds(key, episodes) * m) if self.common_starts else vec.reset()
+        return self._episodes(vec, lambda t, o: policy(actor, o), m, episodes, obs, record=False).returns
 
     def _episodes(self, vec, call, m: int, episodes: int, obs: np.ndarray, record: bool) -> EpisodeBatch:
         """Steps each env until its own episode ends (finished envs are not stepped again)."""
