@@ -1,0 +1,227 @@
+"""Parity with Stable-Baselines3 (issue 48): popjax's learners against SB3 2.9.2 at the rl-zoo settings popjax's
+presets copy, the same budget and the same evaluation episodes.
+
+    PYTHONPATH=. .venv/bin/python experiments/parity_sb3.py [--pairs td3_pendulum,sac_pendulum,dqn_cartpole,
+        ppo_cartpole] [--seeds 5] [--side both|popjax|sb3]
+
+Pairs (``PAIRS``): TD3 and SAC on gym:Pendulum-v1, DQN and PPO on gym:CartPole-v1. popjax side: one population of
+``--seeds`` members (``driver: independent``, ``seed: 0``, ``preset: auto``: the learner's PRESETS row),
+``eval_starts: common``. SB3 side: seed s = 0 .. seeds-1, one run each, with the same values written in SB3's
+terms (``sb3_model``; ``torch.set_num_threads(1)``, device cpu). Where the zoo uses a schedule popjax does not
+reproduce (PPO's linear learning rate and clip range), SB3 gets popjax's constant values, so the two sides run the
+same settings.
+
+Evaluation (the same on both sides): at every env step at which popjax evaluated (``eval_interval``, after that
+iteration's updates), ``eval_episodes`` deterministic episodes from the gymnasium reset seeds popjax's evaluation
+drew from its key (``HostRunner.eval_seeds``, recorded while popjax runs): the same start states for every popjax
+member and every SB3 seed at one evaluation, fresh at the next. SB3 is evaluated at the start of the first
+rollout collected at or after that step (after its updates), and once more at the end.
+
+Scores per seed (the rule in ``margins.py``, fixed before these data): **final** = the mean of the last 3
+evaluations; **learning speed** = the mean over the evaluations at or after the warm-up (``warmup_steps``).
+popjax member m is paired with SB3 seed m (they share the evaluation episodes, not their training randomness).
+"popjax matches SB3": popjax − SB3 against −``margins.margin(env)`` on both measures (``stats.paired_verdict``,
+``margins.combine``; held (ceiling) under ``margins.at_ceiling``). Wall time: popjax's population (all seeds in one
+run) and the sum of SB3's runs, on a shared 2-core machine (the 1-minute load beside it): costs, not speed results.
+Writes experiments/results/parity_sb3/<pair>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from sweep_common import member_rows
+
+import popjax
+from popjax.envs.runner import HostRunner
+from popjax.presets import PRESETS
+
+HERE = Path(__file__).parent
+FOLDER = HERE / "results" / "parity_sb3"
+LAST = 3  # evaluations averaged into the final score
+PAIRS = {
+    "td3_pendulum": {"learner": "td3", "env": "Pendulum-v1", "sb3_algo": "TD3", "eval_interval": 1_000,
+                     "eval_episodes": 10},
+    "sac_pendulum": {"learner": "sac", "env": "Pendulum-v1", "sb3_algo": "SAC", "eval_interval": 1_000,
+                     "eval_episodes": 10},
+    "dqn_cartpole": {"learner": "dqn", "env": "CartPole-v1", "sb3_algo": "DQN", "eval_interval": 2_500,
+                     "eval_episodes": 10},
+    "ppo_cartpole": {"learner": "ppo", "env": "CartPole-v1", "sb3_algo": "PPO", "eval_interval": 5_000,
+                     "eval_episodes": 10},
+}
+
+
+def preset(pair: str) -> dict:
+    p = PAIRS[pair]
+    return PRESETS[p["learner"], f"gym:{p['env']}"]
+
+
+def sb3_settings(pair: str) -> dict:
+    """popjax's preset in SB3's keyword arguments (the zoo's names)."""
+    p, pre = PAIRS[pair], preset(pair)
+    hp, lc = pre.get("hparams", {}), pre.get("learner_config", {})
+    if p["sb3_algo"] == "TD3":
+        return {"learning_rate": hp["actor_lr"], "buffer_size": pre["buffer_size"], "learning_starts": pre["warmup_steps"],
+                "batch_size": pre["batch_size"], "gamma": hp["discount"], "train_freq": 1, "gradient_steps": 1,
+                "action_noise_std": hp["exploration_noise"], "policy_kwargs": {"net_arch": list(lc["hidden"])}}
+    if p["sb3_algo"] == "SAC":
+        return {"learning_rate": hp["actor_lr"], "buffer_size": pre["buffer_size"], "learning_starts": pre["warmup_steps"],
+                "batch_size": pre["batch_size"], "train_freq": 1, "gradient_steps": 1,
+                "policy_kwargs": {"net_arch": list(lc["hidden"])}}
+    if p["sb3_algo"] == "DQN":
+        return {"learning_rate": hp["lr"], "batch_size": pre["batch_size"], "buffer_size": pre["buffer_size"],
+                "learning_starts": pre["warmup_steps"], "gamma": hp["discount"], "target_update_interval": 10,
+                "train_freq": pre["rollout_len"], "gradient_steps": int(pre["rollout_len"] * pre["update_ratio"]),
+                "exploration_fraction": 0.16, "exploration_final_eps": hp["epsilon_end"],
+                "policy_kwargs": {"net_arch": list(lc["hidden"])}}
+    return {"n_envs": pre["envs_per_member"], "n_steps": pre["rollout_len"],
+            "batch_size": pre["envs_per_member"] * pre["rollout_len"] // lc["minibatches"], "gae_lambda": hp["gae_lambda"],
+            "gamma": hp["discount"], "n_epochs": lc["epochs"], "ent_coef": hp["ent_coef"], "learning_rate": hp["lr"],
+            "clip_range": hp["clip"]}
+
+
+def run_popjax(pair: str, seeds: int, steps: int | None = None) -> dict:
+    p, pre = PAIRS[pair], dict(preset(pair))
+    if steps:  # a smoke test's budget
+        pre.update(total_env_steps=steps, warmup_steps=min(pre.get("warmup_steps", 0), steps // 2))
+    drawn: list[list[int]] = []
+    original = HostRunner.eval_seeds
+
+    def recording(key, episodes):
+        out = original(key, episodes)
+        drawn.append(out)
+        return out
+
+    HostRunner.eval_seeds = staticmethod(recording)
+    try:
+        out = Path("runs/parity_sb3") / pair
+        load = os.getloadavg()[0]
+        budget = {k: pre[k] for k in ("total_env_steps", "warmup_steps") if k in pre}
+        run = popjax.train(learner=p["learner"], env=f"gym:{p['env']}", driver="independent", pop_size=seeds, seed=0,
+                           preset="auto", **budget, eval_interval=p["eval_interval"], eval_episodes=p["eval_episodes"],
+                           eval_starts="common", checkpoint_interval=0, progress=False, out_dir=out, overwrite=True)
+    finally:
+        HostRunner.eval_seeds = staticmethod(original)
+    curves = [[[int(r["env_steps"]), float(r["eval_return"])] for r in rows] for rows in member_rows(out, seeds)]
+    steps = [s for s, _ in curves[0]]
+    if len(drawn) != len(steps):
+        raise RuntimeError(f"{pair}: {len(drawn)} evaluation seed draws for {len(steps)} evaluations")
+    return {"curves": curves, "eval_steps": steps, "eval_seeds": drawn, "wall_s": run.summary["wall_s"],
+            "load_1min_before": load, "preset": pre, "total_env_steps": pre["total_env_steps"]}
+
+
+def sb3_model(pair: str, seed: int):
+    import gymnasium as gym
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    p, kw = PAIRS[pair], dict(sb3_settings(pair))
+    cls = getattr(sb3, p["sb3_algo"])
+    if p["sb3_algo"] == "PPO":
+        env = make_vec_env(p["env"], n_envs=kw.pop("n_envs"), seed=seed)
+    else:
+        env = gym.make(p["env"])
+    if "action_noise_std" in kw:
+        std = kw.pop("action_noise_std")
+        kw["action_noise"] = NormalActionNoise(np.zeros(1), std * np.ones(1))
+    return cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
+
+
+def evaluate_sb3(model, env_id: str, seeds: list[int]) -> float:
+    import gymnasium as gym
+
+    env, total = gym.make(env_id), 0.0
+    for s in seeds:
+        obs, _ = env.reset(seed=int(s))
+        done = False
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+    env.close()
+    return total / len(seeds)
+
+
+def run_sb3(pair: str, seed: int, eval_steps: list[int], eval_seeds: list[list[int]], total: int) -> dict:
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    torch.set_num_threads(1)
+    env_id = PAIRS[pair]["env"]
+
+    class Evaluate(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.curve, self.next = [], 0
+
+        def _catch_up(self, final: bool):
+            while self.next < len(eval_steps) and (self.num_timesteps >= eval_steps[self.next] or final):
+                self.curve.append([eval_steps[self.next], self.num_timesteps,
+                                   evaluate_sb3(self.model, env_id, eval_seeds[self.next])])
+                self.next += 1
+
+        def _on_rollout_start(self):
+            self._catch_up(final=False)
+
+        def _on_step(self):
+            return True
+
+        def _on_training_end(self):
+            self._catch_up(final=True)
+
+    started = time.time()
+    model = sb3_model(pair, seed)
+    callback = Evaluate()
+    model.learn(total_timesteps=total, callback=callback)
+    return {"seed": seed, "curve": callback.curve, "wall_s": time.time() - started}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default=",".join(PAIRS))
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--side", default="both", choices=("both", "popjax", "sb3"))
+    parser.add_argument("--steps", type=int, default=0, help="a smoke test's budget (default: the preset's)")
+    parser.add_argument("--results", default=str(FOLDER), help="where the JSON go")
+    args = parser.parse_args()
+    import stable_baselines3
+    import torch
+
+    folder = Path(args.results)
+    folder.mkdir(parents=True, exist_ok=True)
+    for pair in args.pairs.split(","):
+        if pair not in PAIRS:
+            parser.exit(2, f"--pairs: {pair!r} unknown (allowed: {', '.join(PAIRS)})\n")
+        path = folder / f"{pair}.json"
+        record = json.loads(path.read_text()) if path.exists() else {"pair": pair, **PAIRS[pair]}
+        if args.side in ("both", "popjax") and "popjax" not in record:
+            record["popjax"] = run_popjax(pair, args.seeds, args.steps)
+            record["popjax_version"] = popjax.__version__
+            path.write_text(json.dumps(record, indent=1) + "\n")
+            print(f"{pair} popjax: {record['popjax']['wall_s']:.0f} s", flush=True)
+        if args.side in ("both", "sb3") and "popjax" in record:
+            pj = record["popjax"]
+            record.setdefault("sb3", {"settings": sb3_settings(pair), "runs": [],
+                                      "versions": {"stable_baselines3": stable_baselines3.__version__,
+                                                   "torch": torch.__version__}})
+            done = {r["seed"] for r in record["sb3"]["runs"]}
+            for seed in range(args.seeds):
+                if seed in done:
+                    continue
+                load = os.getloadavg()[0]
+                result = run_sb3(pair, seed, pj["eval_steps"], pj["eval_seeds"], pj["total_env_steps"])
+                record["sb3"]["runs"].append({**result, "load_1min_before": load})
+                path.write_text(json.dumps(record, indent=1) + "\n")
+                print(f"{pair} sb3 seed {seed}: final {np.mean([c[2] for c in result['curve'][-LAST:]]):.1f}, "
+                      f"{result['wall_s']:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
