@@ -21,6 +21,8 @@ Studies:
 - ``envstep``: ms per env interaction, gym MuJoCo (host) and brax (jitted, vmapped) (Table 2);
 - ``train``: end-to-end env steps/s of ``popjax.experiment.train`` and the share of wall time
   spent in the compiled update;
+- ``frontier``: agent env steps/s of the large-batch learner ``fast_td3`` (and ``td3`` at its widths) vs N, envs per
+  member and matmul precision (``popjax_bench.frontier``);
 - ``shared_critic``: shared-critic TD3 (CEM-RL/DvD) update vs N (``popjax_bench.shared_critic``);
 - ``drivers``: time per training iteration of every driver, on 1 and more devices, both
   ``--parallel`` paths (``popjax_bench.drivers``);
@@ -63,8 +65,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-STUDIES = ("update", "accelerator", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per",
-           "spo", "hts", "sparse_inference", "dispatch", "report")
+STUDIES = ("update", "accelerator", "roofline", "compile", "envstep", "train", "frontier", "shared_critic", "drivers",
+           "per", "spo", "hts", "sparse_inference", "dispatch", "report")
 
 _HELP = {
     "update": "population update step time vs N: vmap, vmap+scan, JAX sequential, PyTorch sequential",
@@ -74,6 +76,8 @@ _HELP = {
     "compile": "compile time of the K-step population update vs N",
     "envstep": "ms per env interaction, gym MuJoCo and brax",
     "train": "end-to-end env steps/s of popjax.experiment.train and the share of time in the compiled update",
+    "frontier": "agent env steps/s of the large-batch learner fast_td3 (and td3 at its widths) vs N, envs per "
+                "member and matmul precision, in whole training runs",
     "shared_critic": "shared-critic TD3 update vs N (popjax_bench.shared_critic)",
     "drivers": "time per training iteration of every driver on 1 and more devices (sharding and pmap)",
     "per": "prioritized-replay sum tree: sample and update throughput vs K, N, B, a vmapped population, NumPy",
