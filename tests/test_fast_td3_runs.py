@@ -123,3 +123,18 @@ def test_four_members_of_sixteen_envs_learn_the_pendulum(tmp_path):
                        learner_config={"critic_hidden": [128, 64], "actor_hidden": [64, 32], "n_step": 3},
                        hparams={"v_min": -600.0, "v_max": 10.0}, out_dir=tmp_path / "learn")
     assert max(run.summary["final_returns"]) > -400, run.summary["final_returns"]
+
+
+@pytest.mark.long
+def test_the_guide_plans_without_writing(tmp_path, monkeypatch, capsys):
+    """docs/large-batch.md, "Plan before you compile": the command prints the plan and writes nothing."""
+    from docs_blocks import block, commands
+
+    from popjax import cli
+
+    monkeypatch.chdir(tmp_path)
+    (command,) = commands(block("docs/large-batch.md", "Plan before you compile", 0))
+    assert cli.main(command.argv) == 0
+    printed = capsys.readouterr().out
+    assert "replay" in printed and "fits" in printed and "16 members x 1024 envs" in printed
+    assert list(tmp_path.iterdir()) == []

@@ -284,8 +284,9 @@ SEARCH_SPACE = {
     "v_max": {"low": 5.0, "high": 20.0},
 }
 
-# FastTD3's published settings (its hyperparams.py, MuJoCo Playground section; humanoid tasks use v_min/v_max
-# ±250 in its per-task presets), in popjax's units: one env step of every env per call, num_updates = 2.
+# FastTD3's run shape (its hyperparams.py, MuJoCo Playground section) in popjax's units: one env step of every env
+# per call, 2 updates per call; the support is its base settings' [-250, 250] (brax's rewards are larger than the
+# Playground's, for which it uses [-10, 10]).
 _PLAYGROUND = {"envs_per_member": 1024, "rollout_len": 1, "update_ratio": 2 / 1024, "batch_size": 32_768,
                "buffer_size": 1024 * 10_240, "warmup_steps": 10 * 1024}
 PRESETS = {
