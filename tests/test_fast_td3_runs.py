@@ -138,3 +138,20 @@ def test_the_guide_plans_without_writing(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "replay" in printed and "fits" in printed and "16 members x 1024 envs" in printed
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.processes
+def test_the_gpu_study_dry_runs_on_the_cpu(tmp_path):
+    """benchmarks/frontier_study.sh with SMALL=1: the plan, both throughput studies and the MF-PBT curve."""
+    env = {**os.environ, "SMALL": "1", "PY": sys.executable}
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "frontier_study.sh"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=1_800)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "fits" in (tmp_path / "plan.txt").read_text()
+    for precision, points in (("bf16", 4), ("tf32", 2)):
+        rows = json.loads((tmp_path / f"frontier_{precision}.json").read_text())["results"]
+        assert len(rows) == points and all(r["agent_steps_per_s"] > 0 for r in rows), rows
+        assert all(r["config"]["matmul_precision"] == precision for r in rows)
+    curve = json.loads((tmp_path / "pbt_curve.json").read_text())["evaluations"]
+    assert len(curve) >= 5 and all(np.isfinite(point["best_return"]) for point in curve)

@@ -38,8 +38,8 @@ def main(options: Options) -> Path:
     return write_report(options.results, options.output, targets_path=options.targets)
 
 
-STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "shared_critic", "drivers", "per", "spo",
-               "hts", "sparse_inference")
+STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "frontier", "shared_critic", "drivers", "per",
+               "spo", "hts", "sparse_inference")
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -539,14 +539,26 @@ def section_envstep(p: dict[str, Any]) -> list[str]:
               "HalfCheetah 0.94 ms (TD3) / 0.66 ms (SAC).", ""]
     rows = []
     for r in p["results"]:
+        if r["mode"] == "family":
+            continue
         head = [r["path"], r["env"], r["mode"], r["learner"], r["pop"], r.get("devices", 1)]
         if "skipped" in r:
             rows.append(head + ["skipped: " + r["skipped"][:60], "", "", ""])
             continue
         rows.append(head + [_f(r["ms_per_interaction"], 4), _f(r.get("ms_per_interaction_iqr"), 4),
                             _f(r.get("env_only_ms_per_interaction"), 4), _f(r.get("ms_per_member_step"), 4)])
-    return lines + _table(["path", "env", "mode", "policy", "N", "devices", "ms / interaction", "IQR ms",
-                           "env only ms", "ms / member step"], rows)
+    if rows:
+        lines += _table(["path", "env", "mode", "policy", "N", "devices", "ms / interaction", "IQR ms",
+                         "env only ms", "ms / member step"], rows)
+    family = [r for r in p["results"] if r["mode"] == "family"]
+    if family:  # popjax_bench.envstep_families: the adapter against the package's own vmapped step
+        lines += ["", "JAX env families: env steps/s through popjax's adapter (`make_vec_env`) and through the "
+                  "package's own vmapped auto-resetting step, one compiled scan of random actions each.", ""]
+        lines += _table(["env", "envs", "adapter steps/s", "package steps/s", "adapter / package"],
+                        [[r["env"], r["envs"]] + (["skipped: " + r["skipped"][:60], "", ""] if "skipped" in r else
+                         [_f(r["steps_per_s"], 0), _f(r["package_steps_per_s"], 0), _f(r["ratio"], 2)])
+                         for r in family])
+    return lines
 
 
 def section_train(p: dict[str, Any]) -> list[str]:
@@ -579,6 +591,37 @@ def section_train(p: dict[str, Any]) -> list[str]:
         "env steps/s (training iterations)", "env steps/s (whole run)", "iteration ms (IQR)",
         "update share (training iterations)", "update share (whole run)", "any compiled step (whole run)",
         "ceiling GFLOP/s", "wall s", "compile s"], rows)
+
+
+def section_frontier(p: dict[str, Any]) -> list[str]:
+    prm = p["params"]
+    lines = _head(f"## frontier — large-batch learners in whole runs (`{prm['env']}`)", p, "frontier")
+    critic, actor = list(prm["critic_hidden"]), list(prm["actor_hidden"])
+    lines += [f"Critic {critic}, actor {actor} (td3: {critic} for its actor and critics), batch {prm['batch_size']}, "
+              f"{prm['num_updates']} updates per iteration of one env step of every env, "
+              f"{prm['buffer_per_env']} replay rows per env, {prm['iterations']} timed "
+              "iterations. 'agent steps/s': N × E env steps per iteration over the median iteration time (warm-up, "
+              "compilation and the final evaluation excluded); 'vs N = 1': over one member alone at the same E, "
+              "learner and precision, in this run; 'precision': the networks' matmul arithmetic on both learners.", ""]
+    rows = []
+    for r in p["results"]:
+        head = [r["learner"], r["precision"], r["pop"], r["envs_per_member"]]
+        if "skipped" in r:
+            rows.append(head + ["skipped: " + r["skipped"][:80], "", "", ""])
+            continue
+        iteration = f"{1e3 * r['iteration_s']:.2f} ({1e3 * r['iteration_iqr_s']:.2f})"
+        rows.append(head + [_f(r["agent_steps_per_s"], 0), _f(r.get("vs_one_member"), 2), iteration,
+                            _f(r["compile_s"], 1)])
+    lines += _table(["learner", "precision", "N", "envs per member", "agent steps/s", "vs N = 1", "iteration ms (IQR)",
+                     "compile s"], rows)
+    pairs = [(a, b) for a in p["results"] for b in p["results"] if "skipped" not in a and "skipped" not in b
+             and a["learner"] == "fast_td3" and b["learner"] == "td3"
+             and (a["pop"], a["envs_per_member"], a["precision"]) == (b["pop"], b["envs_per_member"], b["precision"])]
+    if pairs:
+        lines += ["", "The distributional critic's cost, fast_td3 over td3 at the same shapes (agent steps/s): "
+                  + ", ".join(f"N = {a['pop']}, E = {a['envs_per_member']}: "
+                              f"{a['agent_steps_per_s'] / b['agent_steps_per_s']:.2f}×" for a, b in pairs) + "."]
+    return lines
 
 
 def section_generic(study: str, p: dict[str, Any]) -> list[str]:
@@ -813,7 +856,8 @@ def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
         lines += [f"No targets judged: {targets_source} not found.", ""]
     lines += report_gpu.section(gpu, endtoend or [], provenance or [])
     sections = {"update": section_update, "roofline": section_roofline, "compile": section_compile,
-                "envstep": section_envstep, "train": section_train, "shared_critic": section_shared_critic,
+                "envstep": section_envstep, "train": section_train, "frontier": section_frontier,
+                "shared_critic": section_shared_critic,
                 "drivers": section_drivers, "per": section_per, "spo": section_spo, "hts": section_hts,
                 "sparse_inference": section_sparse_inference}
     for study in STUDY_ORDER:
