@@ -66,12 +66,14 @@ def sb3_settings(pair: str) -> dict:
     p, pre = PAIRS[pair], preset(pair)
     hp, lc = pre.get("hparams", {}), pre.get("learner_config", {})
     if p["sb3_algo"] == "TD3":
-        return {"learning_rate": hp["actor_lr"], "buffer_size": pre["buffer_size"], "learning_starts": pre["warmup_steps"],
-                "batch_size": pre["batch_size"], "gamma": hp["discount"], "train_freq": 1, "gradient_steps": 1,
+        return {"learning_rate": hp["actor_lr"], "buffer_size": pre["buffer_size"],
+                "learning_starts": pre["warmup_steps"], "batch_size": pre["batch_size"], "gamma": hp["discount"],
+                "train_freq": 1, "gradient_steps": 1,
                 "action_noise_std": hp["exploration_noise"], "policy_kwargs": {"net_arch": list(lc["hidden"])}}
     if p["sb3_algo"] == "SAC":
-        return {"learning_rate": hp["actor_lr"], "buffer_size": pre["buffer_size"], "learning_starts": pre["warmup_steps"],
-                "batch_size": pre["batch_size"], "train_freq": 1, "gradient_steps": 1,
+        return {"learning_rate": hp["actor_lr"], "buffer_size": pre["buffer_size"],
+                "learning_starts": pre["warmup_steps"], "batch_size": pre["batch_size"], "train_freq": 1,
+                "gradient_steps": 1,
                 "policy_kwargs": {"net_arch": list(lc["hidden"])}}
     if p["sb3_algo"] == "DQN":
         return {"learning_rate": hp["lr"], "batch_size": pre["batch_size"], "buffer_size": pre["buffer_size"],
@@ -80,7 +82,8 @@ def sb3_settings(pair: str) -> dict:
                 "exploration_fraction": 0.16, "exploration_final_eps": hp["epsilon_end"],
                 "policy_kwargs": {"net_arch": list(lc["hidden"])}}
     return {"n_envs": pre["envs_per_member"], "n_steps": pre["rollout_len"],
-            "batch_size": pre["envs_per_member"] * pre["rollout_len"] // lc["minibatches"], "gae_lambda": hp["gae_lambda"],
+            "batch_size": pre["envs_per_member"] * pre["rollout_len"] // lc["minibatches"],
+            "gae_lambda": hp["gae_lambda"],
             "gamma": hp["discount"], "n_epochs": lc["epochs"], "ent_coef": hp["ent_coef"], "learning_rate": hp["lr"],
             "clip_range": hp["clip"]}
 

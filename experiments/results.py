@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import margins
 import numpy as np
+import verdicts
 
 from popjax import stats
 
@@ -105,18 +107,27 @@ def scoreboard() -> list[str]:
     numbers are (``results/scoreboard.json``). A claim with ``evidence`` is decided here, from its JSON, by
     ``EVIDENCE``; its committed verdict must be that one."""
     rows = []
+    dated = verdicts.git_history()  # a shallow clone or an export cannot date rules and data
     for c in load("scoreboard.json")["claims"]:
-        if c["verdict"] not in stats.VERDICTS:
+        if c["verdict"] not in margins.SCOREBOARD_VERDICTS:
             raise ValueError(f"scoreboard.json: {c['claim']!r}: verdict {c['verdict']!r} (allowed: "
-                             f"{', '.join(stats.VERDICTS)})")
+                             f"{', '.join(margins.SCOREBOARD_VERDICTS)})")
+        if c["verdict"] == margins.NOT_RUN and (c.get("evidence") or c.get("data")):
+            raise ValueError(f"scoreboard.json: {c['claim']!r}: 'not run' with evidence or data")
         shown = ""
         if c.get("evidence"):
             computed, shown = EVIDENCE[c["evidence"]]()
             if computed != c["verdict"]:
                 raise ValueError(f"scoreboard.json: {c['claim']!r} says {c['verdict']!r} but its rule gives "
                                  f"{computed!r} ({shown})")
+        if c.get("rule_lines") and dated:
+            before = verdicts.rule_precedes_data(c["rule_lines"], c["data"])
+            if before == bool(c.get("post_hoc")):
+                raise ValueError(f"scoreboard.json: {c['claim']!r}: its rule was fixed "
+                                 f"{'before' if before else 'after'} its data, but post_hoc is {c.get('post_hoc')}")
         where = ", ".join(f"[{x['title']}](#{x['anchor']})" if x["anchor"] else x["title"] for x in c["sections"])
-        verdict = f"**{c['verdict']}**" + (f": {shown}" if shown else "") + (f"; {c['detail']}" if c["detail"] else "")
+        verdict = f"**{c['verdict']}**" + (" (rule fixed after its data)" if c.get("post_hoc") else "") + \
+            (f": {shown}" if shown else "") + (f"; {c['detail']}" if c["detail"] else "")
         rows.append([c["paper"], c["claim"], verdict, c["rule"], scale_text(c["scale"]), where or "—"])
     return md(["paper", "claim", "verdict", "rule", "scale", "section"], rows)
 
@@ -142,7 +153,20 @@ def _r1() -> tuple[str, str]:
     verdict = "held" if min(ratios) >= 4 else "refuted at this scale" if max(ratios) < 4 else "not resolved"
     text = ", ".join(f"{x:.0f}× at N = {n}" for n, x, _ in rows)
     peak = min(g for _, _, g in rows) / 1000
-    return verdict, f"{text} (fp32 both sides; measured fp32 matmul peak {peak:.1f} TFLOP/s)"
+    vec = ", ".join(f"{x:.1f}× at N = {n}" for n, x in r1_vectorisation() if n > 15)
+    one = next(r["speedup_vs_torch_seq"] for r in load(BENCH / "update_gpu_nvidia-h200_fp32.json")["results"]
+               if r["impl"] == "vmap_scan" and r["pop"] == 1)
+    return verdict, (f"{text} (fp32 both sides; measured fp32 matmul peak {peak:.1f} TFLOP/s); of it, the "
+                     f"vectorisation factor N·t(1)/t(N) is {vec}, and {one:.0f}× is there at N = 1 (the compiled "
+                     f"K = 50 scan against eager PyTorch)")
+
+
+def r1_vectorisation() -> list[tuple[int, float]]:
+    """N · t(1) / t(N) of popjax's vectorized TD3 update (the K = 50 scan, H200, fp32): the paper's quantity."""
+    rows = {r["pop"]: r["ms_per_pop_step"] for f in ("update_gpu_nvidia-h200_fp32.json",
+                                                      "update_gpu_nvidia-h200_fp32_n64-256.json")
+            for r in load(BENCH / f)["results"] if r["impl"] == "vmap_scan"}
+    return [(n, n * rows[1] / t) for n, t in sorted(rows.items()) if n > 1]
 
 
 def _pbt_rs(env: str, a: str, b: str) -> Callable[[], tuple[str, str]]:
@@ -162,29 +186,58 @@ def _pbt_paper(b: str) -> Callable[[], tuple[str, str]]:
     return evidence
 
 
-MEMR_MARGIN = 0.1  # "matches SAC": MEMR's final return within 10 % of |SAC's| below it
+def _both(final: tuple, speed: tuple, margin: float, env: str | None = None, base_raw=None,
+          digits: int = 1) -> tuple[str, str]:
+    """A learning claim decided on both measures (``verdicts.both_measures``): the verdict and "final ...; speed
+    ..." with each measure's own interval and verdict."""
+    verdict, v_final, v_speed = verdicts.both_measures(final, speed, margin, env, base_raw)
+    text = lambda v: verdict_text(v, digits).replace("**", "")
+    return verdict, f"final {text(v_final)}; speed {text(v_speed)}"
 
 
-def _memr(path: str, a: str, b: str, margin_of_b: float) -> Callable[[], tuple[str, str]]:
+def _memr(path: str, a: str, b: str, env: str | None) -> Callable[[], tuple[str, str]]:
+    """MEMR arm ``a`` − ``b``, final and learning speed (mean return after warm-up): "matches" against the one
+    margin of ``env``; ``env`` None: "beats", against 0."""
     def evidence():
         configs = load(path)["summary"]["configs"]
-        base = configs[b]["final"]
-        return _paired(configs[a]["final"], base, -margin_of_b * abs(float(np.mean(base))))
+        return _both((configs[a]["final"], configs[b]["final"]), (configs[a]["auc"], configs[b]["auc"]),
+                     -margins.margin(env) if env else 0.0, env, configs[b]["final"])
     return evidence
+
+
+def refer_margin(name: str) -> float:
+    """The one margin of ReF-ER's env on its normalised scale: margin(env) / (R_high − R_low)."""
+    summary = load(f"refer_learning_{name}.json")
+    low, high = summary["summary"]["normalise"]
+    return -margins.margin(summary["env"]) / (high - low)
+
+
+def refer_speed(run: dict, normalise: Sequence[float]) -> np.ndarray:
+    """Each member's mean normalised return over its evaluations (the learning speed)."""
+    low, high = normalise
+    return (np.array([np.mean(m["eval_return"]) for m in run["members"]], dtype=float) - low) / (high - low)
 
 
 def _refer(name: str) -> Callable[[], tuple[str, str]]:
     def evidence():
-        norm = load(f"refer_learning_{name}.json")["summary"]["final_normalised"]
-        return _paired(norm["refer"], norm["td3"], REFER_MARGIN, digits=2)
+        data = load(f"refer_learning_{name}.json")
+        summary, runs_ = data["summary"], data["runs"]
+        norm = summary["final_normalised"]
+        return _both((norm["refer"], norm["td3"]), (refer_speed(runs_["refer"], summary["normalise"]),
+                                                    refer_speed(runs_["td3"], summary["normalise"])),
+                     refer_margin(name), data["env"], summary["final_return"]["td3"], digits=2)
     return evidence
 
 
 def _refer_pace(refer: str, base: str) -> Callable[[], tuple[str, str]]:
-    """ReF-ER arm ``refer`` − ``base`` at N = 2^12 (T/N ≈ 12), final normalised return against −0.1."""
+    """ReF-ER arm ``refer`` − ``base`` at N = 2^12 (T/N ≈ 12), final and speed normalised, the one margin."""
     def evidence():
         arms = refer_pace_runs()[4096]
-        return _paired(pace_normalised(arms[refer]), pace_normalised(arms[base]), REFER_MARGIN, digits=2)
+        normalise = load("refer_learning_pendulum.json")["summary"]["normalise"]
+        base_raw = [m["eval_return"][-1] for m in arms[base]["members"]]
+        return _both((pace_normalised(arms[refer]), pace_normalised(arms[base])),
+                     (refer_speed(arms[refer], normalise), refer_speed(arms[base], normalise)),
+                     refer_margin("pendulum"), "probe:pendulum", base_raw, digits=2)
     return evidence
 
 
@@ -196,17 +249,76 @@ def _rlx2_component(component: str) -> Callable[[], tuple[str, str]]:
     return evidence
 
 
-HTS_MARGIN = 0.1  # "costs no data efficiency": HTS (Eq. 6) within 10 % of lock-step's mean return below it
-
-
 def _hts_lag() -> tuple[str, str]:
+    """HTS (Eq. 6) − lock-step on probe:cartpole (A2C), final and mean return over training, the one margin."""
     runs_ = load("hts_learning.json")["runs"]
-    base = runs_["lockstep"]["mean_return_per_seed"]
-    return _paired(runs_["eq6"]["mean_return_per_seed"], base, -HTS_MARGIN * abs(float(np.mean(base))))
+    a, b = runs_["eq6"], runs_["lockstep"]
+    return _both((a["final_per_seed"], b["final_per_seed"]), (a["mean_return_per_seed"], b["mean_return_per_seed"]),
+                 -margins.margin("probe:cartpole"), "probe:cartpole", b["final_per_seed"])
+
+
+def _rlx2_s1() -> tuple[str, str]:
+    """RLx2 S1 on Pendulum: the paper's gate, normalised return (R − R_random)/(R_dense − R_random) >= 0.9 on
+    the mean (n = 3: no interval), now on the final score (mean of the last 5 evaluations) and on the learning
+    speed (mean over the evaluations); held (ceiling) when dense TD3 is within one margin of solved."""
+    data = load("rlx2_pendulum/s1.json")
+    r0, configs = data["summary"]["random_return"], data["summary"]["configs"]
+    curves = {r["config"]: r["curves"] for r in data["runs"]}
+    speed = {k: float(np.mean([np.mean([v for _, v in c]) for c in curves[k]])) for k in ("rlx2", "dense")}
+    final = (configs["rlx2"]["last5_mean"] - r0) / (configs["dense"]["last5_mean"] - r0)
+    pace = (speed["rlx2"] - r0) / (speed["dense"] - r0)
+    ok = final >= 0.9 and pace >= 0.9 and configs["rlx2"]["exact_masks"]
+    verdict = stats.VERDICTS[0] if ok else stats.VERDICTS[2]
+    if ok and margins.at_ceiling("probe:pendulum", configs["dense"]["last5_mean"]):
+        verdict = margins.CEILING
+    return verdict, f"final {final:.3f} of dense, speed {pace:.3f} of dense (n = 3, on the mean)"
+
+
+def _spo_banked() -> tuple[str, str]:
+    """SPO-DQN R = 4 ÷ R = 1 on the banked PER at H = 10 and 100: AUC (speed) and final return, each paired
+    ratio's intervals against 0.85; held when all four are."""
+    configs = load("spo_cartpole/results_per_10seeds.json")["summary"]["configs"]
+    parts, found = [], []
+    for h in (10, 100):
+        a, b = configs[f"4x{h}"], configs[f"1x{h}"]
+        for key, what in (("auc", "speed"), ("final_returns", "final")):
+            v = stats.paired_verdict(a[key], b[key], 0.85, "ratio", reps=REPS)
+            found.append(v["verdict"])
+            parts.append(f"H = {h} {what} {verdict_text(v, 2).replace('**', '')}")
+    verdict = functools.reduce(margins.combine, found)
+    return verdict, "; ".join(parts)
+
+
+def _cemrl_order() -> tuple[str, str]:
+    """R3, an equality claim: vectorized − sequential critic order inside ±margin(probe:pendulum) on both measures
+    (each side a not-worse-than test, joined by ``margins.combine``); n = 3: the t-interval alone."""
+    groups = by_method(load("cemrl_pendulum.json")["runs"])
+    a, b = groups["cemrl_vectorized"], groups["cemrl_sequential"]
+    m, found, parts = margins.margin("probe:pendulum"), [], []
+    for what, score in (("final", lambda r: r["final"]), ("speed", lambda r: np.mean([v for _, v in r["curve"]]))):
+        x, y = [score(r) for r in a], [score(r) for r in b]
+        low, high = stats.t_interval(np.subtract(x, y))
+        sides = [stats.decide(low, high, -m), stats.decide(-high, -low, -m)]
+        found.append(functools.reduce(margins.combine, sides))
+        parts.append(f"{what} {num(float(np.mean(np.subtract(x, y))), 1)} (t [{num(low, 1)}, {num(high, 1)}], n = "
+                     f"{len(x)}) within ±{num(m, 1)}: {found[-1]}")
+    return functools.reduce(margins.combine, found), "; ".join(parts)
+
+
+def _spo_fails() -> tuple[str, str]:
+    """SPO at H = 1000, 40 seeds per arm: the pre-registered fails-to-learn count and Fisher test."""
+    recs = runs("spo_divergence_drift40", lambda r: r["config"])
+    f = verdicts.fisher_fails(recs["naive-local-1000"]["final"], recs["two_phase-local-1000"]["final"])
+    return f["verdict"], (f"naive fails in {f['naive']} of {f['n'][0]}, two-phase in {f['two_phase']} of "
+                          f"{f['n'][1]}; one-sided Fisher p = {f['p']:.2f}")
 
 
 EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
     "hts_lag": _hts_lag,
+    "rlx2_s1_pendulum": _rlx2_s1,
+    "spo_banked_per": _spo_banked,
+    "spo_fails_h1000": _spo_fails,
+    "cemrl_order": _cemrl_order,
     "rlx2_multistep": _rlx2_component("the 3-step target"),
     "rlx2_dynamic_buffer": _rlx2_component("the dynamic buffer"),
     "r1_gpu": _r1,
@@ -215,16 +327,31 @@ EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
     "r2_paper_defaults": _pbt_paper("defaults"),
     "r2_paper_random": _pbt_paper("random"),
     # MEMR: the issue-38 re-runs (the first setup's runs, results.json, stay in their sections)
-    "memr_pendulum": _memr("memr_pendulum/results_issue38.json", "memr", "sac", MEMR_MARGIN),
-    "memr_oracle_pendulum": _memr("memr_pendulum/results_issue38.json", "memr_oracle", "sac", MEMR_MARGIN),
-    "memr_hopper": _memr("memr_hopper/results_40k_issue38.json", "memr", "sac", MEMR_MARGIN),
-    "memr_prioritized_pendulum": _memr("memr_pendulum/results_issue38.json", "memr", "memr_uniform", 0.0),
-    "memr_prioritized_hopper": _memr("memr_hopper/results_40k_issue38.json", "memr", "memr_uniform", 0.0),
+    "memr_pendulum": _memr("memr_pendulum/results_issue38.json", "memr", "sac", "probe:pendulum"),
+    "memr_oracle_pendulum": _memr("memr_pendulum/results_issue38.json", "memr_oracle", "sac", "probe:pendulum"),
+    "memr_hopper": _memr("memr_hopper/results_40k_issue38.json", "memr", "sac", "gym:Hopper-v5"),
+    "memr_prioritized_pendulum": _memr("memr_pendulum/results_issue38.json", "memr", "memr_uniform", None),
+    "memr_prioritized_hopper": _memr("memr_hopper/results_40k_issue38.json", "memr", "memr_uniform", None),
     "refer_pendulum": _refer("pendulum"),
     "refer_hopper": _refer("hopper-v5"),
     "refer_pace_ddpg": _refer_pace("refer", "ddpg"),
     "refer_pace_ddpg_d0.2": _refer_pace("refer_d0.2", "ddpg"),
 }
+
+@table
+def margin_ranges() -> list[str]:
+    """The one margin's table (``margins.RANGES``): each env's random and solved return, the range and the margin."""
+    rows = [[f"`{env}`", num(low, 1), num(high, 1), num(high - low, 1), num(margins.margin(env), 1),
+             SOLVED_SOURCE[env]] for env, (low, high) in margins.RANGES.items()]
+    return md(["env", "random", "solved", "range", f"margin ({margins.MARGIN_FRACTION:g} of the range)",
+               "solved's source"], rows)
+
+
+SOLVED_SOURCE = {"probe:pendulum": "no gymnasium threshold; the ReF-ER runs' constant, within rl-zoo's trained agents",
+                 "gym:Pendulum-v1": "as probe:pendulum", "probe:cartpole": "CartPole-v1's (the probe is its port)",
+                 "gym:CartPole-v1": "gymnasium `reward_threshold`", "gym:Hopper-v5": "gymnasium `reward_threshold`",
+                 "gym:HalfCheetah-v5": "gymnasium `reward_threshold`"}
+
 
 # --- speed -------------------------------------------------------------------------------------------------
 
@@ -1417,9 +1544,24 @@ def spo_drift() -> list[str]:
     """SPO-TD3 at real drift (issue 39): per (H, variant) the final return and AUC (mean ± SD, ddof 1), seeds that
     diverged, the replicas' spread before each average (mean and max over rounds and seeds), and two-phase − naive
     paired by seed on each score (margin 0: held means naive is worse, the thesis's claim)."""
-    if not (RESULTS / "spo_divergence_drift").exists():
-        return ["Not run yet."]
-    records = runs("spo_divergence_drift", lambda r: r["config"])
+    return spo_drift_table("spo_divergence_drift")
+
+
+@table
+def spo_drift40() -> list[str]:
+    """The H = 1000 pair at 40 seeds per arm (issue 48): the drift table, then the pre-registered count of seeds that
+    fail to learn (``margins.spo_fails``) with its one-sided Fisher exact test."""
+    records = runs("spo_divergence_drift40", lambda r: r["config"])
+    f = verdicts.fisher_fails(records["naive-local-1000"]["final"], records["two_phase-local-1000"]["final"])
+    low, high = margins.RANGES["probe:pendulum"]
+    return spo_drift_table("spo_divergence_drift40") + [
+        "", f"Fails to learn (final below {num(low + margins.SPO_FAIL_FRACTION * (high - low))}, the midpoint of "
+            f"probe:pendulum's random-to-solved range): naive {f['naive']} of {f['n'][0]}, two-phase {f['two_phase']} "
+            f"of {f['n'][1]}; one-sided Fisher exact p = {f['p']:.2f}: **{f['verdict']}**."]
+
+
+def spo_drift_table(folder: str) -> list[str]:
+    records = runs(folder, lambda r: r["config"])
     rows = []
     for name, r in sorted(records.items(), key=lambda kv: (kv[1]["learner_config"]["local_steps"], kv[0])):
         spread = np.asarray([s for m in r["spreads"] for s in m], dtype=float)

@@ -135,7 +135,10 @@ def run(method: str, args) -> dict:
         record.update(member=m, sparsity=level, replica=m // len(SPARSITIES) if level else m)
     s = result.summary
     record = {"method": method, "env": args.env, "steps": args.steps, "seeds": args.seeds,
-              "schedule": steps, "members": members, "costs": s.get("costs"),
+              # the schedule as run: a method's own buffer_min overrides T/30 (issue 48: the floor-sample record
+              # first stored T/30 here although its runs used 2,048)
+              "schedule": {**steps, **{k: v for k, v in (METHODS[method] or {}).items() if k in steps}},
+              "members": members, "costs": s.get("costs"),
               "wall_s": s["wall_s"], "compile_s": s["compile_s"], "total_s": round(time.time() - start, 1)}
     path = results_dir(args.env) / f"{method}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

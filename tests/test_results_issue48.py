@@ -1,0 +1,120 @@
+"""Issue 48: the one margin, both measures, the verdict words, rules dated before their data, the SPO count and the
+corrected prose figures, each against a hand computation or the committed JSON."""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+try:
+    import margins
+    import verdicts
+    from test_results import DOCUMENT, results
+finally:
+    sys.path.remove(str(ROOT / "experiments"))
+
+
+def test_the_margin_is_a_tenth_of_the_random_to_solved_range():
+    assert margins.margin("probe:pendulum") == pytest.approx(0.1 * (-150.0 + 1258.36))
+    assert margins.margin("gym:CartPole-v1") == pytest.approx(0.1 * (475.0 - 22.07))
+    measured = json.loads((ROOT / "experiments/results/margins/random_policy.json").read_text())["return"]
+    for env, (low, _) in margins.RANGES.items():  # every random end is the committed measurement
+        assert low == pytest.approx(measured.get(env, measured.get(env.replace("probe:cartpole", "gym:CartPole-v1"))),
+                                    abs=0.01)
+    with pytest.raises(ValueError, match="^env: 'gym:Ant-v5' has no random-to-solved range"):
+        margins.margin("gym:Ant-v5")
+
+
+def test_both_measures_must_pass_and_an_unlearnt_baseline_or_a_ceiling_is_named():
+    held, not_resolved, refuted = "held", "not resolved", "refuted at this scale"
+    assert margins.combine(held, held) == held
+    assert margins.combine(held, not_resolved) == not_resolved == margins.combine(not_resolved, held)
+    assert margins.combine(held, refuted) == refuted == margins.combine(refuted, not_resolved)
+    a = np.array([10.0, 11.0, 9.0, 10.5, 9.5])
+    far = (a - 1000.0, a)  # a − b = −1000: below any margin
+    close = (a, a + 1.0)  # a − b = −1 exactly, SD 0 -> intervals are the point
+    assert verdicts.both_measures(close, far, -50.0)[0] == refuted
+    assert verdicts.both_measures(close, close, -50.0)[0] == held
+    # Pendulum: −150 solved, margin 110.8; midpoint −704.2
+    assert verdicts.both_measures(close, close, -50.0, "probe:pendulum", [-1000.0])[0] == not_resolved
+    assert verdicts.both_measures(close, close, -50.0, "probe:pendulum", [-500.0])[0] == held
+    assert verdicts.both_measures(close, close, -50.0, "probe:pendulum", [-200.0])[0] == "held (ceiling)"
+
+
+def test_a_verdict_word_outside_the_five_is_refused(monkeypatch):
+    data = results.load("scoreboard.json")
+    claim = next(c for c in data["claims"] if not c.get("evidence"))
+    monkeypatch.setattr(results, "load", lambda path, _real=results.load: (
+        {**data, "claims": [{**claim, "verdict": "mostly held"}]} if path == "scoreboard.json" else _real(path)))
+    with pytest.raises(ValueError, match=r"verdict 'mostly held' \(allowed: held, held \(ceiling\), refuted at this "
+                                         r"scale, not resolved, not run\)"):
+        results.scoreboard()
+
+
+@pytest.mark.skipif(not verdicts.git_history(), reason="needs the repository's git history to date rules and data")
+def test_a_rule_fixed_after_its_data_is_refused_unless_the_row_says_so(monkeypatch):
+    data = results.load("scoreboard.json")
+    claim = next(c for c in data["claims"] if c.get("evidence") == "hts_lag")
+    assert claim["post_hoc"] is True  # the one margin (a8faafb) is newer than hts_learning.json
+    assert not verdicts.rule_precedes_data(claim["rule_lines"], claim["data"])
+    spo = next(c for c in data["claims"] if c.get("evidence") == "spo_fails_h1000")
+    assert not spo.get("post_hoc") and verdicts.rule_precedes_data(spo["rule_lines"], spo["data"])
+
+    def scoreboard_with(changed):
+        monkeypatch.setattr(results, "load", lambda path, _real=results.load: (
+            {**data, "claims": [changed]} if path == "scoreboard.json" else _real(path)))
+        return results.scoreboard()
+
+    with pytest.raises(ValueError, match="its rule was fixed after its data, but post_hoc is False"):
+        scoreboard_with({**claim, "post_hoc": False})
+    with pytest.raises(ValueError, match="its rule was fixed before its data, but post_hoc is True"):
+        scoreboard_with({**spo, "post_hoc": True})
+    with pytest.raises(ValueError, match="is not in experiments/margins.py"):
+        scoreboard_with({**spo, "rule_lines": [["experiments/margins.py", "SPO_ALPHA = 0.01"]]})
+
+
+def test_the_fails_to_learn_count_and_fisher_test_by_hand():
+    midpoint = -1258.36 + 0.5 * (1258.36 - 150.0)
+    assert margins.spo_fails(midpoint - 1) and not margins.spo_fails(midpoint + 1) and margins.spo_fails(np.nan)
+    f = verdicts.fisher_fails([-1400.0] * 8 + [-150.0] * 12, [-150.0] * 20)
+    # one-sided Fisher, table [[8, 12], [0, 20]]: P(X >= 8) = C(20,8) C(20,0) / C(40,8)
+    assert (f["naive"], f["two_phase"]) == (8, 0) and f["p"] == pytest.approx(125970 / 76904685)
+    assert f["verdict"] == "held"
+    assert verdicts.fisher_fails([-1400.0, -150.0], [-1400.0, -150.0])["verdict"] == "refuted at this scale"
+    records = results.runs("spo_divergence_drift40", lambda r: r["config"])
+    committed = verdicts.fisher_fails(records["naive-local-1000"]["final"], records["two_phase-local-1000"]["final"])
+    assert (committed["naive"], committed["two_phase"], round(committed["p"], 2)) == (1, 0, 0.5)
+
+
+def test_the_issue48_prose_figures_come_from_the_json():
+    scores = results.rlx2_component_scores(0.9)
+    mean = {k: float(np.mean(v)) for k, v in scores.items()}
+    with_target, without = mean["rlx2"] - mean["rlx2_fixed_buffer"], mean["rlx2_1step"] - mean["rigl"]
+    section = DOCUMENT.split("### RLx2's components")[1].split("\n## ")[0]
+    assert f"costs −{-with_target:.0f} with the 3-step target and −{-without:.0f} without it (an interaction\n  of " \
+           f"−{-(with_target - without):.0f} on the mean)" in section
+    runs_ = {r["config"]: r for r in results.load("memr_pendulum/results_issue38.json")["runs"]}
+    at = lambda arm, step: [ret for seed in runs_[arm]["curves"] for s, ret, _ in seed if s == step]
+    memr = DOCUMENT.split("## MEMR re-run with the issue-38 setup")[1].split("\n## ")[0]
+    assert f"shallower (−{-np.mean(at('memr_oracle_full', 6000)):.0f} at 6k)" in memr
+    assert f"is at −{-min(at('memr_oracle_full', 6000)):.0f} at 6k (SAC's same seed falls to " \
+           f"−{-at('sac', 7000)[1]:.0f} at 7k)" in memr and min(at("memr_oracle_full", 6000)) == at("memr_oracle_full",
+                                                                                                    6000)[1]
+    configs = results.load("memr_pendulum/results_issue38.json")["summary"]["configs"]
+    assert results.t_beside(configs["memr_uniform"]["auc"], configs["memr_oracle"]["auc"]) == "; t [-15.2, 47.3]"
+    assert "+16.1 with t [−15.2, 47.3]" in memr
+    floor = json.loads((ROOT / "experiments/results/rlx2_compression_halfcheetah-v5" / "rlx2_floor_sample.json")
+                       .read_text())
+    assert floor["schedule"]["buffer_min"] == 2048 and "corrected from 833" in floor["correction"]
+    assert min(min(s for s in m["replay_size"][next(i for i, v in enumerate(m["replay_size"]) if v >= 2000):])
+               for m in floor["members"]) == 1845
+    for f in ("results.json", "results_10seeds.json"):
+        summary = json.loads((ROOT / "experiments/results/per_delay_cartpole" / f).read_text())["summary"]
+        for c in summary["configs"].values():
+            assert c["final_sd"] == pytest.approx(np.std(c["final_returns"], ddof=1))
+    assert re.search(r"vectorisation factor N·t\(1\)/t\(N\) is 4\.7× at N = 16, 7\.8× at N = 64", DOCUMENT)
