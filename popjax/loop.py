@@ -14,6 +14,12 @@ records, and logs; checkpoints follow evaluations and ``checkpoint_interval``.
 
 Every key is derived from ``(seed, purpose, iteration)``: nothing random is carried between
 iterations, so a resumed run draws exactly the keys an uninterrupted one would.
+
+On the JAX env path of a one-device ``Rollout`` driver without maintenance, the state and env state cross the
+``iteration`` program as a few flat buffers (``popjax.population.packing``: one per dtype, donated, unpacked and
+written back inside the program) instead of their ~100 leaves, whose handling dominated a small update's call; the
+loop unpacks them at evaluations and checkpoints (so ``host.rows`` receives the ``Packed`` state between
+evaluations, where the default rows read nothing).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from popjax import precision, stats
 from popjax.config import RunConfig, make_learner_config
 from popjax.distributed import fetch, gather_rows, is_writer, processes
 from popjax.drivers.base import Driver, Episodes, InteractionFailed, OwnInteraction, Rollout
+from popjax.population import packing
+from popjax.population.packing import Packed
 from popjax.population.sharding import Placement, acting_device
 from popjax.progress import TrainProgress
 from popjax.registry import DRIVERS, LEARNERS
@@ -71,6 +79,18 @@ def keys_for(seed: int, purposes: tuple[KeyPurpose, ...], iteration: int = 0) ->
 
 def key_for(seed: int, purpose: KeyPurpose, iteration: int = 0) -> Key:
     return keys_for(seed, (purpose,), iteration)[0]
+
+
+def on_packed(program, state_layout: packing.Layout, env_layout: packing.Layout):
+    """``program(key_prepare, key_collect, key_learn, state, env_state)`` on packed arguments
+    (``popjax.population.packing``): unpacked inside, the new state written back into the donated buffers."""
+
+    def run(key_prepare: Key, key_collect: Key, key_learn: Key, state, env_state):
+        unpacked = packing.unpack(state_layout, state), packing.unpack(env_layout, env_state)
+        new_state, new_env, metrics = program(key_prepare, key_collect, key_learn, *unpacked)
+        return packing.repack(state_layout, state, new_state), packing.repack(env_layout, env_state, new_env), metrics
+
+    return run
 
 
 class Compiler:
@@ -217,6 +237,13 @@ class Loop:
         axes = self.axes
         if isinstance(self.local.interaction, OwnInteraction):
             state, metrics = self.local.interaction.iterate(self.compiler, keys, state)
+        elif self.runner.jax_path and self._packs(state, env_state):
+            state, env_state = self.packed(state, "state"), self.packed(env_state, "env_state")
+            program = on_packed(self._jax_iteration, state.layout, env_state.layout)
+            iteration = self.compiler("iteration", program, *keys, state.arguments, env_state.arguments, donate=(3, 4))
+            arguments, env_arguments, metrics = iteration(*keys, state.arguments, env_state.arguments)
+            state, env_state = (Packed(arguments, state.layout, state.name),
+                                Packed(env_arguments, env_state.layout, env_state.name))
         elif self.runner.jax_path:
             program = self.placement.program(self._jax_iteration, (False, False, False, axes, True), (axes, True, True))
             env_shardings = jax.tree.map(lambda x: x.sharding, env_state)
@@ -245,6 +272,33 @@ class Loop:
         state, metrics = self.maintain(state, metrics)
         self.iteration += 1
         return state, env_state, metrics  # device arrays: reading them would wait for the update
+
+    def _packs(self, state, env_state) -> bool:
+        """Whether the JAX-path iteration keeps the state and env state packed (``popjax.population.packing``): on
+        one device, for a ``Rollout`` driver without maintenance (both read the state between iterations only at
+        evaluations and checkpoints), when every leaf is a plain array."""
+        if isinstance(state, Packed):
+            return True
+        return (self.placement.mesh is None and isinstance(self.local.interaction, Rollout)
+                and self.local.maintenance is None and packing.packable((state, env_state)))
+
+    def packed(self, tree, name: str) -> Packed:
+        """``tree`` as a ``Packed`` (the small leaves copied into one buffer per dtype by a compiled call)."""
+        if isinstance(tree, Packed):
+            return tree
+        layout = packing.layout_of(tree)
+        small, whole = packing.packed_leaves(layout, tree)
+        buffers = self.compiler(f"pack_{name}", functools.partial(packing.buffers, layout), small)(small)
+        return Packed(tuple(buffers) + tuple(whole), layout, name)
+
+    def unpacked(self, value):
+        """The pytree of a ``Packed`` (by a compiled call; the packed buffers stay valid); anything else as it is."""
+        if not isinstance(value, Packed):
+            return value
+        n, buffers = len(value.layout.dtypes), value.arguments[:len(value.layout.dtypes)]
+        small = self.compiler(f"unpack_{value.name}", functools.partial(packing.small_leaves, value.layout),
+                              buffers)(buffers) if n else []
+        return packing.tree_of(value.layout, small, value.arguments[n:])
 
     def maintain(self, state, metrics):
         """The driver's ``Maintenance`` call when this iteration's updates crossed a multiple of its period.
@@ -337,7 +391,7 @@ class Loop:
     # --- the loop ------------------------------------------------------------------------------
     def counters(self, state) -> tuple[int, int]:
         """``(env_steps, updates)`` per member, read from the state."""
-        counters = fetch(state.counters)
+        counters = fetch(self.unpacked(state).counters)
         return int(counters.env_steps), int(counters.updates)
 
     def run(self, state, env_state):
@@ -357,6 +411,8 @@ class Loop:
                 env_steps = self._env_steps_after(state, before)
                 returns = None
                 evaluated = crossed(before, env_steps, cfg.eval_interval) or env_steps >= cfg.total_env_steps
+                if evaluated or crossed(before, env_steps, cfg.checkpoint_interval):  # read beyond the iteration
+                    state, env_state = self.unpacked(state), self.unpacked(env_state)
                 if evaluated:
                     returns = self.evaluate(state)
                     self._warn_diverged(returns, env_steps)
@@ -377,7 +433,7 @@ class Loop:
                                                                            cfg.checkpoint_interval)):
                     self.save_checkpoint(state, env_state)
                 progress.advance_to(min(env_steps, cfg.total_env_steps))
-        return state
+        return self.unpacked(state)
 
     def _env_steps_after(self, state, before: int) -> int:
         """Env steps per member after an iteration: known on the host for a rollout (reading the state would wait

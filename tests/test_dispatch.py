@@ -83,6 +83,10 @@ def test_dispatch_study_fields(tmp_path):
     assert upd["overhead_s"] == upd["noop_s"]
     assert upd["pytree_s"] == pytest.approx(upd["noop_s"] - upd["noop_packed_s"])
     assert upd["overhead_share"] == pytest.approx(upd["noop_s"] / upd["update_s"])
+    # The loop's layout: the state as one buffer per dtype, the same leaves after a call as the pytree update's.
+    state_dtypes = {str(x.dtype) for x in jax.tree.leaves(state)}
+    assert upd["args"]["flat_state"] == {"leaves": len(state_dtypes), "bytes": upd["args"]["state"]["bytes"]}
+    assert upd["flat_equal"] is True and upd["flat_overhead_s"] == upd["noop_flat_s"]
 
     # The loop part: a window of exactly the timed iterations, each one call of the compiled iteration program.
     assert loop["iterations_timed"] == 10
@@ -93,6 +97,8 @@ def test_dispatch_study_fields(tmp_path):
         assert loop["timing"][name]["calls_per_round"] == 10
         assert loop["timing"][name]["repeats"] == dispatch.PIPELINE_ROUNDS
     assert loop["args"]["keys"]["leaves"] == 3
+    # The loop carries its state and env state packed: a few buffers each, not the pytrees' leaves.
+    assert loop["args"]["state"]["leaves"] <= 4 and loop["args"]["env_state"]["leaves"] <= 4
     # Per iteration: one compiled key derivation, nothing read back from the device.
     assert loop["iterations_counted"] == 3
     assert loop["program_calls"] == {"iteration": 1.0}

@@ -10,10 +10,14 @@ Two parts, measured in one process (written as ``dispatch_<backend>.json``, e.g.
     (the state handed back, zero metrics): the per-call overhead of this call (``overhead_s``);
   - ``noop_packed``: the same bytes as one buffer per dtype (state donated, handed back): what JAX charges
     for these bytes without the pytree;
-  - ``noop_scalar``: one scalar in and out: JAX's own floor.
+  - ``noop_scalar``: one scalar in and out: JAX's own floor;
+  - ``update_flat`` / ``noop_flat``: the update and its no-op on the loop's layout, the state as a few flat
+    buffers (``popjax.population.packing``: one per dtype, unpacked and written back inside the program, donated),
+    as the training loop calls it; ``flat_overhead_s`` is ``noop_flat``, the per-call overhead the loop pays.
 
   ``pytree_s = noop - noop_packed`` is what the arguments' leaf count costs, ``overhead_share`` the no-op's
-  share of the update's time.
+  share of the update's time; ``flat_equal`` says whether ``update_flat``'s state, unpacked, equals
+  ``update``'s leaf for leaf after one call from the same state.
 - ``loop`` rows: a short ``popjax.experiment.train`` run (the JAX env path, one compiled ``iteration``
   program per iteration) observed through ``train(..., instrument=...)``:
 
@@ -47,13 +51,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from popjax.population import packing
 from popjax_bench import common, update
 from popjax_bench import options as opt
 from popjax_bench.common import log
 
 STUDY = "dispatch"
 PROGRAM = "iteration"  # the loop's compiled program on the JAX env path
-UPDATE_IMPLS = ("update", "noop", "noop_packed", "noop_scalar")
+UPDATE_IMPLS = ("update", "update_flat", "noop", "noop_flat", "noop_packed", "noop_scalar")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,11 +141,23 @@ def update_point(p: update.Problem, pop: int, o: Options) -> dict[str, Any]:
     def noop(keys, state, batch, hparams):
         return state, _zeros(metrics_shape)
 
+    layout = packing.layout_of(state)
+
+    def flat(keys, arguments, batch, hparams):
+        new_state, metrics = step(keys, packing.unpack(layout, arguments), batch, hparams)
+        return packing.repack(layout, arguments, new_state), metrics
+
     entries, compile_s = {}, {}
-    for name, fn in (("update", step), ("noop", noop)):
-        args = (keys, _copy(state), batch, hparams)
+    flat_state = packing.pack(layout, state)
+    for name, fn, start in (("update", step, state), ("update_flat", flat, flat_state), ("noop", noop, state),
+                            ("noop_flat", noop, flat_state)):
+        args = (keys, _copy(start), batch, hparams)
         compiled, times = common.compile_timed(fn, *args, donate_argnums=(1,))
         entries[name], compile_s[name] = Carried(compiled, args, {1: lambda out: out[0]}), times["compile_s"]
+    after_one = [np.asarray(x) for x in jax.tree.leaves(entries["update"]()[0])]
+    flat_one = [np.asarray(x) for x in jax.tree.leaves(packing.unpack(layout, entries["update_flat"]()[0]))]
+    flat_equal = len(after_one) == len(flat_one) and all(
+        a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(after_one, flat_one, strict=True))
     packed_state, packed_rest = pack(state), pack((keys, batch, hparams))
     compiled, _ = common.compile_timed(lambda s, rest: s, packed_state, packed_rest, donate_argnums=(0,))
     entries["noop_packed"] = Carried(compiled, (packed_state, packed_rest), {0: lambda out: out})
@@ -157,9 +174,12 @@ def update_point(p: update.Problem, pop: int, o: Options) -> dict[str, Any]:
         "part": "update", "learner": p.learner, "pop": pop, "batch_size": p.batch_size,
         "hidden": list(p.config.hidden),
         "args": {"keys": leaf_stats(keys), "state": leaf_stats(state), "batch": leaf_stats(batch),
-                 "hparams": leaf_stats(hparams), "packed_buffers": len(packed_state) + len(packed_rest)},
+                 "hparams": leaf_stats(hparams), "packed_buffers": len(packed_state) + len(packed_rest),
+                 "flat_state": leaf_stats(flat_state)},
         **{f"{name}_s": median[name] for name in UPDATE_IMPLS},
         "overhead_s": median["noop"],
+        "flat_overhead_s": median["noop_flat"],
+        "flat_equal": flat_equal,
         "pytree_s": median["noop"] - median["noop_packed"],
         "overhead_share": median["noop"] / median["update"],
         "compile_s": compile_s,
@@ -361,8 +381,10 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
     for pop in o.pops:
         row = update_point(p, pop, o)
         results.append(row)
-        log(f"  update {o.learner} N={pop}: update {1e6 * row['update_s']:.0f} us, no-op same args "
-            f"{1e6 * row['noop_s']:.1f} us ({row['args']['state']['leaves']} state leaves), packed "
+        log(f"  update {o.learner} N={pop}: update {1e6 * row['update_s']:.0f} us (flat state "
+            f"{1e6 * row['update_flat_s']:.0f} us, same leaves: {row['flat_equal']}), no-op same args "
+            f"{1e6 * row['noop_s']:.1f} us ({row['args']['state']['leaves']} state leaves), on the flat state "
+            f"{1e6 * row['noop_flat_s']:.1f} us ({row['args']['flat_state']['leaves']} buffers), packed "
             f"{1e6 * row['noop_packed_s']:.1f} us, scalar {1e6 * row['noop_scalar_s']:.1f} us")
     row = loop_point(o)
     results.append(row)
@@ -397,8 +419,10 @@ def plot_dispatch(payload: dict[str, Any], path) -> Any:
     updates = [r for r in payload["results"] if r["part"] == "update"]
     labels = [f"{r['learner']} N={r['pop']}" for r in updates]
     x = np.arange(len(updates))
+    width = 0.8 / len(UPDATE_IMPLS)
     for i, name in enumerate(UPDATE_IMPLS):
-        left.bar(x + (i - 1.5) * 0.2, [1e6 * r[f"{name}_s"] for r in updates], 0.2, label=name)
+        left.bar(x + (i - (len(UPDATE_IMPLS) - 1) / 2) * width, [1e6 * r.get(f"{name}_s", np.nan) for r in updates],
+                 width, label=name)
     left.set(xticks=x, xticklabels=labels, yscale="log", ylabel="µs per call (median)",
              title="One update call vs no-op programs")
     left.legend(fontsize=7)
