@@ -1,4 +1,4 @@
-"""The ``popjax`` command: train | resume | plot | export | compare | export-returns | pbt-schedule | bench.
+"""The ``popjax`` command: train | resume | sweep | plot | export | compare | export-returns | pbt-schedule | bench.
 
 User errors (bad options, unknown names, malformed YAML, unreadable config files) print one
 line and exit with status 2, never a traceback; internal errors keep their traceback (status 1).
@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "$POPJAX_COMPILE_CACHE, else ~/.cache/popjax/jax; never inside the run directory)")
         _add_job_arguments(command)
 
+    _add_sweep_parser(sub)
+
     plot = sub.add_parser("plot", help="(re)draw the plots of a run directory")
     plot.add_argument("run_dir", type=Path)
 
@@ -224,6 +226,68 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         bench_module.add_arguments(bench)
     return parser
+
+
+def _add_sweep_parser(sub) -> None:
+    """``popjax sweep``: the run options of ``train`` plus the study's (``popjax.sweeps``)."""
+    from popjax.sweeps.options import OBJECTIVES, PRUNERS, SAMPLERS
+
+    sweep = sub.add_parser("sweep", help="an Optuna study whose trials train pop_size at a time as one population",
+                           description="Tune a learner's traced hparams with an Optuna study: trials are asked "
+                           "pop_size at a time and trained as one population (independent driver); pruned slots "
+                           "are refilled in place. The study lives in --storage (default <out>/study.db); "
+                           "optuna-dashboard <storage> shows it. Run options as for popjax train.")
+    sweep.add_argument("--config", type=Path, metavar="FILE", help="YAML file of run options (as for train)")
+    sweep.add_argument("--out", type=Path, default=None, help="sweep directory (default sweeps/<learner>-<env>)")
+    sweep.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                       help="continue a killed sweep (its running trials are failed and re-queued)")
+    for flag, field in _FLAGS.items():
+        sweep.add_argument("--" + flag.replace("_", "-"), dest=flag, default=None, metavar=field.upper())
+    for option, metavar in (("--hparam", "NAME=VALUE"), ("--learner-config", "KEY=VALUE"), ("--set", "OPTION=VALUE")):
+        sweep.add_argument(option, action="append", type=_key_value, default=[], metavar=metavar)
+    sweep.add_argument("--trials", type=int, default=None, help="trials this sweep finishes (default pop_size)")
+    sweep.add_argument("--space", default=None, metavar="NAME|FILE",
+                       help="search space: a name (td3, sac, ...) or a YAML file {hparam: {type, low, high, log} | "
+                            "{type: categorical, choices}} (default: the config's search_space, else the learner's)")
+    sweep.add_argument("--sampler", default="tpe", help=f"allowed: {', '.join(SAMPLERS)}")
+    sweep.add_argument("--pruner", default="none", help=f"allowed: {', '.join(PRUNERS)}")
+    sweep.add_argument("--objective", default="final", help=f"allowed: {', '.join(OBJECTIVES)}")
+    sweep.add_argument("--last-k", type=int, default=3, help="evaluations averaged by --objective last_k")
+    sweep.add_argument("--storage", default=None, metavar="URL", help="SQLAlchemy URL of the study (shared by "
+                                                                      "processes that name it)")
+    sweep.add_argument("--study", default=None, metavar="NAME", help="study name (default popjax-<learner>-<env>)")
+    sweep.add_argument("--preset", default=None, choices=("auto", "none"))
+    sweep.add_argument("--no-progress", action="store_true")
+    sweep.add_argument("--compile-cache", default=None, metavar="DIR|off")
+    sweep.set_defaults(schedule=None)
+
+
+def _run_sweep(args: argparse.Namespace) -> None:
+    from popjax.sweeps import resume_sweep, sweep
+
+    def report(trial, state, value):
+        if not args.no_progress:
+            print(f"trial {trial.number}: {state.lower()} {value:.4g} (slot {trial.user_attrs.get('slot')}, "
+                  f"{trial.user_attrs.get('env_steps')} env steps)", flush=True)
+
+    if args.resume is not None:
+        result = resume_sweep(args.resume, compile_cache=args.compile_cache, on_trial=report)
+    else:
+        options = train_options(args)
+        space = args.space
+        if space is not None and Path(space).suffix in (".yaml", ".yml"):
+            space = _load_yaml(Path(space), "--space")
+        out = args.out or Path("sweeps") / f"{options.get('learner', 'td3')}-{options.get('env', 'default')}"
+        result = sweep(options, out_dir=str(out).replace(":", "_"), n_trials=args.trials, search_space=space,
+                       sampler=args.sampler, pruner=args.pruner, objective=args.objective, last_k=args.last_k,
+                       storage=args.storage, study=args.study, compile_cache=args.compile_cache, on_trial=report)
+    try:
+        best = result.best
+        print(f"best trial {best.number}: {best.value:.4g} {best.params}")
+    except ValueError:
+        print("no completed trial")
+    for path in result.written:
+        print(path)
 
 
 BENCH_MISSING = ("the benchmarks are a separate distribution, popjax-bench: pip install -e benchmarks "
@@ -458,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
 
             _print_results(resume(args.run_dir, compile_cache=args.compile_cache,
                                   **({"progress": False} if args.no_progress else {})))
+        elif args.command == "sweep":
+            _run_sweep(args)
         elif args.command == "pbt-schedule":
             from popjax.experiment import pbt_schedule
 
