@@ -313,6 +313,10 @@ def _spo_fails() -> tuple[str, str]:
                           f"{f['n'][1]}; one-sided Fisher p = {f['p']:.2f}")
 
 
+PARITY = {"td3_pendulum": "TD3, Pendulum-v1", "sac_pendulum": "SAC, Pendulum-v1", "dqn_cartpole": "DQN, CartPole-v1",
+          "ppo_cartpole": "PPO, CartPole-v1"}
+
+
 EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
     "hts_lag": _hts_lag,
     "rlx2_s1_pendulum": _rlx2_s1,
@@ -337,6 +341,57 @@ EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
     "refer_pace_ddpg": _refer_pace("refer", "ddpg"),
     "refer_pace_ddpg_d0.2": _refer_pace("refer_d0.2", "ddpg"),
 }
+
+def parity_scores(pair: str) -> dict:
+    """Per seed, each side's final (mean of the last 3 evaluations) and learning speed (mean over the evaluations at
+    or after the warm-up), from results/parity_sb3/<pair>.json (``parity_sb3.py``): popjax member m, SB3 seed m."""
+    d = load(f"parity_sb3/{pair}.json")
+    pj, steps = d["popjax"], np.asarray(d["popjax"]["eval_steps"])
+    after = steps >= pj["preset"].get("warmup_steps", 0)
+    popjax = np.asarray([[v for _, v in c] for c in pj["curves"]], dtype=float)
+    sb3 = np.asarray([[v for _, _, v in r["curve"]] for r in sorted(d["sb3"]["runs"], key=lambda r: r["seed"])],
+                     dtype=float)
+    if popjax.shape != sb3.shape:
+        raise ValueError(f"parity_sb3/{pair}.json: popjax {popjax.shape} and SB3 {sb3.shape} evaluations differ")
+    return {"env": f"gym:{d['env']}", "final": (popjax[:, -3:].mean(1), sb3[:, -3:].mean(1)),
+            "speed": (popjax[:, after].mean(1), sb3[:, after].mean(1)), "wall": (pj["wall_s"],
+            sum(r["wall_s"] for r in d["sb3"]["runs"])), "load": pj["load_1min_before"], "n": len(popjax)}
+
+
+def _parity(pair: str) -> Callable[[], tuple[str, str]]:
+    def evidence():
+        s = parity_scores(pair)
+        return _both(s["final"], s["speed"], -margins.margin(s["env"]), s["env"], s["final"][1])
+    return evidence
+
+
+EVIDENCE.update({f"parity_{pair}": _parity(pair) for pair in PARITY})
+
+
+def parity_pairs() -> list[str]:
+    return [p for p in PARITY if (RESULTS / "parity_sb3" / f"{p}.json").exists()
+            and len(load(f"parity_sb3/{p}.json").get("sb3", {}).get("runs", [])) == len(
+                load(f"parity_sb3/{p}.json")["popjax"]["curves"])]
+
+
+@table
+def parity_sb3() -> list[str]:
+    """popjax − SB3 per pair: each side's final and learning speed (mean ± SD, ddof 1), the paired differences
+    against the one margin, the verdict (``margins.combine``) and each side's wall time on the shared machine."""
+    rows = []
+    for pair in parity_pairs():
+        s = parity_scores(pair)
+        verdict, v_final, v_speed = verdicts.both_measures(s["final"], s["speed"], -margins.margin(s["env"]), s["env"],
+                                                          s["final"][1])
+        rows.append([PARITY[pair], f"{mean_sd(s['final'][0], 1)} / {mean_sd(s['final'][1], 1)}",
+                     verdict_text(v_final).replace("**", ""), f"{mean_sd(s['speed'][0], 1)} / "
+                     f"{mean_sd(s['speed'][1], 1)}", verdict_text(v_speed).replace("**", ""), f"**{verdict}**",
+                     f"{num(s['wall'][0])} / {num(s['wall'][1])} (load {num(s['load'], 1)})"])
+    n = parity_scores(parity_pairs()[0])["n"] if parity_pairs() else 0
+    return md([f"learner, env (n = {n} seeds per side)", "final: popjax / SB3", "popjax − SB3, final",
+               "speed: popjax / SB3", "popjax − SB3, speed", "popjax matches SB3",
+               "wall s: popjax (all seeds, one run) / SB3 (sum of runs)"], rows)
+
 
 @table
 def margin_ranges() -> list[str]:

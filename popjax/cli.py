@@ -26,7 +26,7 @@ _FLAGS = {
     "update_ratio": "update_ratio", "warmup": "warmup_steps", "batch_size": "batch_size",
     "buffer_size": "buffer_size", "eval_interval": "eval_interval", "eval_episodes": "eval_episodes",
     "devices": "devices", "parallel": "parallel", "overlap": "overlap", "checkpoint_interval": "checkpoint_interval",
-    "matmul_precision": "matmul_precision",
+    "matmul_precision": "matmul_precision", "device_memory": "device_memory",
 }
 
 
@@ -158,6 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "the independent driver's schedule option")
     train.add_argument("--overwrite", action="store_true",
                        help="replace the run in --out (only a directory popjax created; only its own files go)")
+
+    train.add_argument("--plan", action="store_true",
+                       help="print the run's memory (per member and in total: params, optimizer, replay, envs) and "
+                            "work (FLOPs per iteration, predicted update time) at its real shapes, from XLA's "
+                            "analysis of its compiled update, and write nothing; exit 2 when it cannot fit "
+                            "(docs/planning.md)")
+    train.add_argument("--peak-flops", default=None, metavar="FLOP/S",
+                       help="with --plan: the FLOP/s the update time is predicted at, e.g. 989T (default: a matrix "
+                            "product measured on this machine's device)")
 
     resume = sub.add_parser("resume", help="continue a killed or finished run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
@@ -492,6 +501,23 @@ def _print_results(run) -> None:
     console.print(f"best return {s['best_return']:.1f} · run directory [bold]{run.out_dir}[/bold]")
 
 
+def _print_plan(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """``popjax train --plan``: the plan on stdout, nothing written; a run that cannot fit: the plan, then its
+    one-line refusal (``ConfigError``, exit 2)."""
+    from popjax.experiment import plan
+    from popjax.planning import DoesNotFit
+
+    if not args.plan:
+        raise ConfigError("peak_flops: only with --plan (the FLOP/s the plan's update time is predicted at)")
+    try:
+        run_plan = plan(peak_flops=args.peak_flops, **options)
+    except DoesNotFit as err:
+        print(err.plan.text())
+        raise
+    print(run_plan.text())
+    return 0
+
+
 # The learner costs (summary.json "costs") the results table shows, as reductions against the dense model.
 COST_COLUMNS = {"size_reduction": "size /", "train_flops_reduction": "train FLOPs /",
                 "inference_flops_reduction": "inference FLOPs /"}
@@ -514,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
             from popjax.experiment import train
 
             options = train_options(args)
+            if args.plan or args.peak_flops is not None:
+                return _print_plan(args, options)
             out = args.out or Path("runs") / f"{options.get('learner', 'td3')}-{options.get('env', 'default')}"
             _print_results(train(out_dir=str(out).replace(":", "_"), overwrite=args.overwrite,
                                  compile_cache=args.compile_cache, **options))

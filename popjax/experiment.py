@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from popjax import compile_cache, distributed
+from popjax import compile_cache, distributed, planning
 from popjax.checkpoint import Checkpointer, CheckpointMismatch
 from popjax.config import ConfigError, RunConfig, make_config, saved_options
 from popjax.drivers import DRIVERS
@@ -104,6 +104,28 @@ def train(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str |
         run_dir.write_config(config.to_dict())
         loop.run_dir, loop.checkpointer = run_dir, _checkpointer(run_dir)
         return _finish(loop, *loop.initial_state())
+
+
+def plan(config: RunConfig | Mapping[str, Any] | None = None, *, peak_flops: float | str | None = None,
+         **options: Any) -> planning.RunPlan:
+    """The memory and work of a run at its real shapes (``popjax.planning``), with XLA's analysis of its update
+    program compiled at those shapes; nothing is allocated, trained or written (``popjax train --plan``).
+
+    Args:
+      config, options: as for ``train`` (``device_memory`` plans against another device's memory).
+      peak_flops: FLOP/s for the predicted update time (a number, or ``"989T"``); default: measured here.
+
+    Raises:
+      ConfigError: invalid options; ``popjax.planning.DoesNotFit`` (its ``plan`` attached) when the run cannot fit
+        in the device's memory, naming the option to lower and about the largest value that fits.
+    """
+    if isinstance(config, RunConfig):
+        config = make_config(**{**config.to_dict(), **options})
+    else:
+        config = make_config(**apply_preset({**_options_mapping(config), **options}))
+    resolved = resolve(config)  # every check of the run; the state alone that cannot fit is refused here
+    return planning.check_fits(planning.plan_run(config, resolved.spec, resolved.driver, resolved.local,
+                                                 resolved.placement, compile=True, peak_flops=peak_flops))
 
 
 def _options_mapping(config: Any) -> dict[str, Any]:
@@ -234,7 +256,7 @@ def load(run_dir: str | Path) -> Run:
 # RunConfig fields a resume may change: they set the budget, cadence and placement, not what the
 # checkpointed state means.
 CHANGEABLE_ON_RESUME = ("total_env_steps", "eval_interval", "eval_episodes", "checkpoint_interval", "progress",
-                        "logger", "devices", "parallel")  # not overlap: it changes which params act
+                        "logger", "devices", "parallel", "device_memory")  # not overlap: it changes which params act
 
 
 def _check_fits(config: RunConfig, saved: dict[str, Any], path: Path, checkpointer: Checkpointer) -> None:

@@ -118,3 +118,39 @@ def test_the_issue48_prose_figures_come_from_the_json():
         for c in summary["configs"].values():
             assert c["final_sd"] == pytest.approx(np.std(c["final_returns"], ddof=1))
     assert re.search(r"vectorisation factor N·t\(1\)/t\(N\) is 4\.7× at N = 16, 7\.8× at N = 64", DOCUMENT)
+
+
+def test_parity_runs_share_evaluation_points_and_settings_with_the_presets():
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import parity_sb3
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    for pair in results.parity_pairs():
+        record = results.load(f"parity_sb3/{pair}.json")
+        steps = record["popjax"]["eval_steps"]
+        assert len(record["popjax"]["eval_seeds"]) == len(steps)
+        for run in record["sb3"]["runs"]:  # SB3 scored at popjax's steps, after at least that many env steps
+            assert [c[0] for c in run["curve"]] == steps and all(c[1] >= c[0] for c in run["curve"])
+        # the SB3 side ran popjax's preset (a preset that changed since would no longer match)
+        assert record["sb3"]["settings"] == json.loads(json.dumps(parity_sb3.sb3_settings(pair)))
+        assert record["popjax"]["preset"] == json.loads(json.dumps(parity_sb3.preset(pair)))
+
+
+def test_the_parity_prose_figures_come_from_the_json():
+    section = DOCUMENT.split("## Parity with reference implementations")[1].split("\n## ")[0]
+
+    def diff(pair, measure):
+        s = results.parity_scores(pair)
+        a, b = s[measure]
+        return float(np.mean(a - b)), results.t_beside(a, b)
+
+    text = lambda x: f"{x:+.1f}".replace("-", "−")
+    speed, t = diff("td3_pendulum", "speed")
+    assert f"({text(speed)} in speed, t [−40.2, 29.7])" in section and t == "; t [-40.2, 29.7]"
+    assert f"ahead on the final mean ({text(diff('dqn_cartpole', 'final')[0])})" in section
+    assert f"behind on speed ({text(diff('dqn_cartpole', 'speed')[0])})" in section
+    speed, t = diff("ppo_cartpole", "speed")
+    assert f"(speed\n  {text(speed)}, t [−92.6, 32.2])" in section and t == "; t [-92.6, 32.2]"
+    final = results.parity_scores("dqn_cartpole")["final"]
+    assert f"finals from {min(map(min, final)):.0f} to\n  {max(map(max, final)):.0f}" in section
