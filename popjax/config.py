@@ -70,20 +70,22 @@ DEFAULT_BUFFER = "uniform"  # the run's replay source when it names none (and th
 
 @dataclasses.dataclass(frozen=True)
 class EnvName(Kind):
-    """``gym:<id>``, ``brax:<name>[@backend]`` or ``probe:<name>`` (checked by ``popjax.envs.registry``)."""
+    """``gym:<id>``, ``brax:<name>[@backend]``, ``probe:<name>`` or a JAX env family's ``<prefix>:<id>`` (checked
+    by ``popjax.envs.registry``)."""
 
     def describe(self) -> str:
         from popjax.envs.probes import PROBES
         from popjax.envs.registry import BRAX_NAMES, GYM_IDS
 
         return (f"gym:<id> ({', '.join(GYM_IDS)}, or another gymnasium id with Box observations), "
-                f"brax:<name>[@backend] ({', '.join(BRAX_NAMES)}), probe:<name> ({', '.join(PROBES)})")
+                f"brax:<name>[@backend] ({', '.join(BRAX_NAMES)}), probe:<name> ({', '.join(PROBES)}), "
+                "gymnax:<id>, craftax:<name>, jumanji:<id>, playground:<name> (docs/environments.md)")
 
     def convert(self, value, context=None):
         from popjax.envs.registry import parse
 
         if not isinstance(value, str):
-            raise Invalid(f"expected gym:<id>, brax:<name> or probe:<name>, got {show(value)}")
+            raise Invalid(f"expected gym:<id>, brax:<name>, probe:<name> or <family>:<id>, got {show(value)}")
         try:
             parse(value)
         except ValueError as err:

@@ -16,6 +16,10 @@ interaction, here one compiled call (``JaxRunner``: a ``lax.scan`` of ``steps`` 
 env steps with the population policy). Adding the transitions to the replay buffers belongs
 to the ``learn`` stage and is not timed.
 
+JAX env families (``--family gymnax:CartPole-v1,jumanji:Snake-v1,...``): env steps/s of popjax's adapter
+against the package's own vmapped step at each env count of ``--envs``, random actions, no policy
+(``envstep_families.py``).
+
 The population is built as ``popjax train`` builds it (``popjax.experiment.build``, the
 independent driver, no warm-up so the learner's exploration policy acts); with ``--devices d``
 its state is split over ``d`` devices (``state_shards`` records into how many pieces).
@@ -58,6 +62,11 @@ class Options(opt.StudyOptions):
     brax_envs: tuple[str, ...] = opt.names(("halfcheetah", "hopper", "walker2d", "ant", "humanoid"),
                                            "brax names, or probe:<name> ('' for none)", flag="--brax", empty=True,
                                            check=opt.env_check(jax_only=True, prefix="brax"))
+    families: tuple[str, ...] = opt.names((), "JAX env family names (gymnax:<id>, craftax:<name>, jumanji:<id>, "
+                                          "playground:<name>, brax:<name>@mjx): adapter vs the package's own step "
+                                          "('' for none)", flag="--family", empty=True,
+                                          check=opt.env_check(jax_only=True))
+    family_envs: tuple[int, ...] = opt.ints((16, 256), "env counts of the --family rows", flag="--envs")
     pops: tuple[int, ...] = opt.ints((1, 4, 16), "population sizes, comma-separated", flag="--pop")
     envs_per_member: int = opt.integer(1, "envs per member of the vector rows")
     steps: int = opt.integer(200, "env steps per timed call (brax: per scan)")
@@ -278,8 +287,16 @@ def run(options: Options | None = None, /, **overrides: Any) -> dict[str, Any]:
             for pop in pops:
                 attempt(vector_row(path, env_name, pop, d), brax_vector, env_name, learners[0], hidden, pop,
                         envs_per_member, steps, opts, devices=d)
+    for name in o.families:
+        from popjax_bench.envstep_families import family_row
+
+        for n in o.family_envs:
+            attempt({"path": name.split(":")[0], "env": name, "mode": "family", "learner": "random", "pop": 1,
+                     "envs": n, "devices": 1}, family_row, name, n, steps, opts)
     params = {
         "learners": list(learners),
+        "families": list(o.families),
+        "family_envs": list(o.family_envs),
         "gym_envs": list(gym_envs),
         "brax_envs": list(brax_envs),
         "pops": list(pops),
@@ -321,6 +338,10 @@ def plot_envstep(payload: dict[str, Any], path) -> Any:
     axes[0].set(ylabel="ms per interaction", title="gym MuJoCo, one env, one member (paper Table 2)")
     axes[0].legend(fontsize=7)
     vector = [r for r in rows if r["mode"] == "vector"]
+    for env in dict.fromkeys(r["env"] for r in rows if r["mode"] == "family"):
+        series = sorted((r for r in rows if r["mode"] == "family" and r["env"] == env), key=lambda r: r["envs"])
+        axes[1].plot([r["envs"] for r in series], [r["ms_per_interaction"] for r in series], marker="s", ls=":",
+                     label=f"{env} (adapter, random actions; x = envs)")
     for p, env, d in dict.fromkeys((r["path"], r["env"], r.get("devices", 1)) for r in vector):
         series = sorted(
             (r for r in vector if r["path"] == p and r["env"] == env and r.get("devices", 1) == d),

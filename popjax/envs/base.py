@@ -24,11 +24,16 @@ class JaxEnv(NamedTuple):
 
     ``action`` is already in the env's native units: ``to_native`` maps the learner's
     [-1, 1] actions to them (identity for discrete envs).
+
+    ``keyed``: the env draws randomness as it steps (the gymnax API): ``step(env_state, action, key)``.
+    ``step`` may return a fifth flag, ``truncated``, where the env keeps a time limit of its own
+    (``make_vec_env`` ends the episode there too, bootstrapping as at its own limit).
     """
 
     spec: EnvSpec
     reset: Callable[[Key], tuple[Any, jax.Array]]
-    step: Callable[[Any, jax.Array], tuple[Any, jax.Array, jax.Array, jax.Array]]
+    step: Callable[..., tuple]
+    keyed: bool = False
 
 
 def to_native(spec: EnvSpec, action: jax.Array):
@@ -69,7 +74,9 @@ def make_vec_env(env: JaxEnv) -> VecEnv:
 
     Env ``i`` draws its resets from ``fold_in(key, i)`` (= ``split(key, n)[i]``) with ``i`` its
     global index, so a program that holds a slice of the envs (one device of several) resets
-    them exactly as a program holding all of them would.
+    them exactly as a program holding all of them would. A ``keyed`` env splits that key as the
+    gymnax API's auto-resetting ``step(key, ...)`` does: ``key_step, key_reset = split(fold_in(key, i))``,
+    so one batched step equals the package's own ``step`` called with the same per-env keys.
     """
     spec = env.spec
     v_reset = jax.vmap(env.reset)
@@ -83,16 +90,26 @@ def make_vec_env(env: JaxEnv) -> VecEnv:
         return VecEnvState(inner, obs, jnp.zeros(n, jnp.int32), jnp.zeros(n, jnp.float32), ids)
 
     def step(key: Key, state: VecEnvState, action: jax.Array) -> tuple[VecEnvState, StepOutput]:
-        inner, next_obs, reward, terminated = v_step(state.inner, to_native(spec, action))
+        reset_keys = indexed_keys(key, state.ids)
+        if env.keyed:
+            pairs = jax.vmap(jax.random.split)(reset_keys)
+            step_keys, reset_keys = pairs[:, 0], pairs[:, 1]
+            stepped = v_step(state.inner, to_native(spec, action), step_keys)
+        else:
+            stepped = v_step(state.inner, to_native(spec, action))
+        inner, next_obs, reward, terminated = stepped[:4]
         reward = reward.astype(jnp.float32)
         terminated = terminated.astype(bool)
         t = state.t + 1
-        truncated = (t >= spec.max_episode_steps) & ~terminated
+        limit = t >= spec.max_episode_steps
+        if len(stepped) == 5:  # the env's own time limit
+            limit = limit | stepped[4].astype(bool)
+        truncated = limit & ~terminated
         done = terminated | truncated
         episode_return = state.episode_return + reward
 
         def reset_done(_):
-            fresh_inner, fresh_obs = v_reset(indexed_keys(key, state.ids))
+            fresh_inner, fresh_obs = v_reset(reset_keys)
             mask = lambda a, b: jnp.where(done.reshape(done.shape + (1,) * (a.ndim - 1)), a, b)
             return jax.tree.map(mask, fresh_inner, inner), mask(fresh_obs, next_obs)
 

@@ -10,10 +10,15 @@ ids raise ``ValueError`` listing ``GYM_IDS``.
 
 ``brax:swimmer`` is not offered: brax 0.14.2's swimmer calls ``jnp.clip(a_min=...)``, which
 jax 0.10 removed, so it fails to trace.
+
+The JAX env families of ``FAMILIES`` (``gymnax:<id>``, ...) are each one module with ``check(env_id)``,
+``env_spec(env_id)`` and ``make_env(env_id)``; their packages are optional extras, and a missing one is a
+one-line ``ValueError`` naming the install command (docs/environments.md).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from popjax.envs.base import JaxEnv
@@ -23,7 +28,14 @@ from popjax.types import EnvSpec
 if TYPE_CHECKING:
     from popjax.envs.gymnasium import HostVecEnv
 
-PREFIXES = ("gym", "brax", "probe")
+# prefix -> module of a JAX env family (an addition: a new module and one line here).
+FAMILIES = {
+    "gymnax": "popjax.envs.gymnax_api",
+    "craftax": "popjax.envs.craftax",
+    "jumanji": "popjax.envs.jumanji",
+    "playground": "popjax.envs.playground",
+}
+PREFIXES = ("gym", "brax", "probe", *FAMILIES)
 GYM_IDS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5", "Pendulum-v1",
            "CartPole-v1", "popjax/HtsToy-v0", "popjax/HtsToySleep-v0")
 BRAX_NAMES = ("halfcheetah", "hopper", "walker2d", "ant", "humanoid", "inverted_pendulum",
@@ -41,12 +53,15 @@ def _gym_registered(env_id: str) -> bool:
 def parse(name: str) -> tuple[str, str]:
     """Splits ``"prefix:id"`` and checks the prefix and id; raises ValueError naming what is allowed."""
     if not isinstance(name, str) or ":" not in name:
-        raise ValueError(f"env must look like 'gym:<id>', 'brax:<name>' or 'probe:<name>', got {name!r}")
+        forms = ", ".join(["'gym:<id>'", "'brax:<name>'", "'probe:<name>'", *(f"'{f}:<id>'" for f in FAMILIES)])
+        raise ValueError(f"env must look like one of {forms}, got {name!r}")
     prefix, env_id = name.split(":", 1)
     allowed = {"gym": GYM_IDS, "brax": BRAX_NAMES, "probe": tuple(PROBES)}
-    if prefix not in allowed:
+    if prefix not in allowed and prefix not in FAMILIES:
         raise ValueError(f"env {name!r}: prefix {prefix!r} unknown; allowed: {', '.join(PREFIXES)}")
-    if prefix == "brax":
+    if prefix in FAMILIES:
+        family(prefix).check(env_id)
+    elif prefix == "brax":
         from popjax.envs.brax import resolve_backend, split_backend
 
         base, backend = split_backend(env_id)
@@ -65,8 +80,13 @@ def parse(name: str) -> tuple[str, str]:
     return prefix, env_id
 
 
+def family(prefix: str):
+    """The module of the JAX env family ``prefix`` (imported now; its package is imported when first needed)."""
+    return importlib.import_module(FAMILIES[prefix])
+
+
 def is_jax_env(name: str) -> bool:
-    return parse(name)[0] in ("brax", "probe")
+    return parse(name)[0] != "gym"
 
 
 def env_spec(name: str) -> EnvSpec:
@@ -75,6 +95,8 @@ def env_spec(name: str) -> EnvSpec:
     prefix, env_id = parse(name)
     if prefix == "probe":
         return PROBES[env_id]().spec
+    if prefix in FAMILIES:
+        return family(prefix).env_spec(env_id)
     if prefix == "brax":
         from popjax.envs.brax import brax_env_spec
 
@@ -88,6 +110,8 @@ def make_jax_env(name: str) -> JaxEnv:
     prefix, env_id = parse(name)
     if prefix == "probe":
         return PROBES[env_id]()
+    if prefix in FAMILIES:
+        return family(prefix).make_env(env_id)
     if prefix == "brax":
         from popjax.envs.brax import make_brax_env
 

@@ -141,10 +141,21 @@ class JaxRunner:
             return (new_state, total, alive * (1.0 - out.done.astype(jnp.float32))), recorded
 
         init = (env_state, jnp.zeros(m * episodes), jnp.ones(m * episodes))
+        if not record:
+            # Stops once every episode has ended: the returns of the full scan without stepping finished envs up
+            # to the limit (craftax's is 100,000 steps).
+            def running(carry):
+                t, (_, _, alive) = carry
+                return (t < spec.max_episode_steps) & (alive > 0).any()
+
+            def body(carry):
+                t, inner = carry
+                return t + 1, env_step(inner, t)[0]
+
+            _, (_, total, _) = jax.lax.while_loop(running, body, (jnp.zeros((), jnp.int32), init))
+            return EpisodeBatch(total.reshape(m, episodes).mean(axis=1), None, None)
         (_, total, _), recorded = jax.lax.scan(env_step, init, jnp.arange(spec.max_episode_steps))
         returns = total.reshape(m, episodes).mean(axis=1)
-        if not record:
-            return EpisodeBatch(returns, None, None)
         flat = lambda x: x.reshape((-1,) + x.shape[2:])
         transitions, mask = recorded
         return EpisodeBatch(returns, jax.tree.map(flat, transitions), flat(mask))
