@@ -264,3 +264,42 @@ def test_bench_envstep_family_rows(tmp_path):
     assert "| gymnax:CartPole-v1 | 4 |" in text and "adapter / package" in text
     with pytest.raises(ValueError, match="--family"):
         envstep.Options(families=("gym:Pendulum-v1",))
+
+
+# --- MJX: playground:<name> and brax:<name>@mjx ---------------------------------------------------------------------
+
+
+@pytest.mark.long  # MJX compiles for a minute or more on 2 cores
+def test_playground_batched_step_equals_playground_step():
+    from popjax.envs.playground import _load
+
+    env, _ = _load("CartpoleBalance")
+    vec = make_vec_env(registry.make_jax_env("playground:CartpoleBalance"))
+    assert vec.spec.max_episode_steps == 1000 and vec.spec.action_dim == 1 and vec.spec.obs_shape == (5,)
+
+    def reference_reset(keys):
+        state = jax.vmap(env.reset)(keys)
+        return state, state.obs
+
+    def reference_step(keys, state, action):  # no episode ends in 30 steps: no reset to mirror
+        new = jax.vmap(env.step)(state, action)
+        return new, new.obs, new.obs, new.reward, new.done > 0.5
+
+    ended, _ = run_against(vec, reference_reset, reference_step, 30)
+    assert ended == 0
+
+
+@pytest.mark.long  # brax's MJX pipeline compiles for a minute or more on 2 cores
+def test_brax_humanoid_on_mjx_steps_and_shapes_at_1024_envs():
+    """The documented MJX locomotion path: ``brax:humanoid@mjx`` steps at 2 envs (finite observations, the
+    humanoid's fall terminates); at 1,024 envs its reset and step are traced abstractly (shapes only)."""
+    vec = make_vec_env(registry.make_jax_env("brax:humanoid@mjx"))
+    state = vec.reset(jax.random.key(0), 2)
+    step = jax.jit(vec.step)
+    for t in range(3):
+        state, out = step(jax.random.key(t), state, jnp.zeros((2, vec.spec.action_dim)))
+        assert np.isfinite(np.asarray(out.next_obs)).all() and out.next_obs.shape == (2,) + vec.spec.obs_shape
+    big = jax.eval_shape(lambda k: vec.reset(k, 1024), jax.random.key(0))
+    _, out = jax.eval_shape(vec.step, jax.random.key(1), big, jax.ShapeDtypeStruct((1024, vec.spec.action_dim),
+                                                                                  jnp.float32))
+    assert out.next_obs.shape == (1024,) + vec.spec.obs_shape and out.terminated.shape == (1024,)
