@@ -61,6 +61,7 @@ def build(plan: Plan | RunConfig, *, instrument: Callable[[str, Any], Callable] 
     return Loop(config, plan.driver, plan.local, runner, placement, instrument=instrument, plan=plan)
 
 
+@compile_cache.restoring  # JAX's cache settings are the run's while it runs, the caller's after
 def train(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str | Path = "runs/latest",
           overwrite: bool = False, instrument: Callable[[str, Any], Callable] | None = None,
           compile_cache: str | Path | None = None, **options: Any) -> Run:
@@ -149,6 +150,7 @@ def _directory(path: Any) -> Path:
     return Path(path)
 
 
+@compile_cache.restoring
 def resume(run_dir: str | Path, *, compile_cache: str | Path | None = None, **overrides: Any) -> Run:
     """Continues a run (killed at any moment, or finished) from its newest usable checkpoint.
 
