@@ -394,6 +394,36 @@ def parity_sb3() -> list[str]:
 
 
 @table
+def eval_crn_pbt() -> list[str]:
+    """PBT's exploit choice and the fitness-difference noise on 8 fixed policies, evaluated ``reps`` times under each
+    evaluation protocol (``eval_crn_pbt.py``)."""
+    if not (RESULTS / "eval_crn_pbt.json").exists():
+        return ["Not run yet."]
+    d = load("eval_crn_pbt.json")
+    names = {"member": "each member its own start states (`eval_starts: member`)",
+             "common": "the same start states for every member (`eval_starts: common`)"}
+    rows = [[names[k], num(v["pair_sd_mean"], 1), num(v["member_sd_mean"], 1), f"{100 * v['choice_changes']:.0f} %",
+             f"{100 * v['choice_differs_from_reference']:.0f} %", f"{100 * v['replaced_differs_from_reference']:.0f} %"]
+            for k, v in d["summary"].items()]
+    ratio = d["summary"]["common"]["pair_sd_mean"] / d["summary"]["member"]["pair_sd_mean"]
+    return md([f"evaluation ({d['reps']} evaluations of {d['eval_episodes']} episodes per member)",
+               "SD of f_i − f_j (mean over the 28 pairs)", "SD of f_i (mean over members)",
+               "exploit choice changes between consecutive evaluations",
+               "exploit choice differs from the reference ranking's", "replaced members differ from the reference's"],
+              rows) + ["", f"Common start states scale the noise of a fitness difference by {ratio:.2f}. Reference "
+                           f"fitness (every episode of both protocols): {seeds(d['reference_fitness'])}."]
+
+
+@table
+def memr_whole_history() -> list[str]:
+    """MEMR with every rollout kept (``memr_full``) against the default buffer, 10 paired seeds (issue 48)."""
+    path = "memr_pendulum/results_whole_history.json"
+    if not (RESULTS / path).exists():
+        return ["Not run yet."]
+    return memr_table(path) + [""] + memr_paired_table(path)
+
+
+@table
 def margin_ranges() -> list[str]:
     """The one margin's table (``margins.RANGES``): each env's random and solved return, the range and the margin."""
     rows = [[f"`{env}`", num(low, 1), num(high, 1), num(high - low, 1), num(margins.margin(env), 1),
