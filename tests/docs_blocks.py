@@ -109,6 +109,8 @@ def tiny_argv(argv: list[str], train: list[str] = TINY_TRAIN) -> list[str]:
         return argv + train
     if argv[0] == "resume":
         return argv + ["--no-progress"]
+    if argv[0] == "sweep":  # the run flags of train (its own --steps is each trial's budget)
+        return argv + train
     if argv[:2] in (["bench", "update"], ["bench", "accelerator"]) and "--help" not in argv:
         return argv + TINY_BENCH
     return argv

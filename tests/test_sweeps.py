@@ -23,6 +23,7 @@ optuna = pytest.importorskip("optuna")
 
 from popjax import cli  # noqa: E402
 from popjax.config import ConfigError  # noqa: E402
+from popjax.population.search_spaces import SEARCH_SPACES  # noqa: E402
 from popjax.rundir import RunLock  # noqa: E402
 from popjax.sweeps import OWNER, requeue_interrupted, resume_sweep, sweep  # noqa: E402
 from popjax.sweeps.options import objective_value  # noqa: E402
@@ -292,3 +293,31 @@ def test_two_processes_share_one_sqlite_study(tmp_path):
     trials = _states(tmp_path / "shared.db", "shared")
     owners = {t.user_attrs[OWNER] for t in trials}
     assert len(trials) == 4 and len(owners) == 2 and all(t.state.name == "COMPLETE" for t in trials)
+
+
+@pytest.mark.long
+def test_the_guide_sweep_commands_run(tmp_path, monkeypatch, capsys):
+    """docs/tuning.md, "Sweeps": the YAML space (block 1) as space.yaml, then the CLI block (block 0) in order with
+    the tiny flags (a finished sweep resumed trains nothing more), then the Python block (block 2) at tiny sizes."""
+    from docs_blocks import TINY_OPTIONS, block, commands, tiny_argv
+    from learner_helpers import use_shared_xla_cache
+
+    import popjax
+
+    use_shared_xla_cache()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "space.yaml").write_text(block("docs/tuning.md", "Sweeps", 1).text)
+    for command in commands(block("docs/tuning.md", "Sweeps", 0)):
+        assert cli.main(tiny_argv(command.argv)) == 0, (command.argv, capsys.readouterr().err[-2000:])
+    for name, space in (("td3", set(SEARCH_SPACES["td3"])), ("td3-space", {"actor_lr", "critic_lr", "policy_delay",
+                                                                         "discount"})):
+        trials = _states(tmp_path / "sweeps" / name / "study.db")
+        assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 32, name
+        assert all(set(t.params) == space for t in trials)
+        assert (tmp_path / "sweeps" / name / "best.yaml").exists()
+    sweep_ = popjax.sweep
+    monkeypatch.setattr(popjax, "sweep", lambda **kw: sweep_(**{**kw, **TINY_OPTIONS, "rollout_len": 25}))
+    namespace = {}
+    exec(compile(block("docs/tuning.md", "Sweeps", 2).text, "docs/tuning.md", "exec"), namespace)
+    assert namespace["result"].best.value == max(t.value for t in namespace["result"].study.get_trials()
+                                                 if t.state.name == "COMPLETE")
