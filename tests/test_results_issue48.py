@@ -154,3 +154,18 @@ def test_the_parity_prose_figures_come_from_the_json():
     assert f"(speed\n  {text(speed)}, t [−92.6, 32.2])" in section and t == "; t [-92.6, 32.2]"
     final = results.parity_scores("dqn_cartpole")["final"]
     assert f"finals from {min(map(min, final)):.0f} to\n  {max(map(max, final)):.0f}" in section
+
+
+def test_the_crn_prose_figures_come_from_the_json():
+    d = results.load("eval_crn_pbt.json")
+    member, common = d["summary"]["member"], d["summary"]["common"]
+    section = DOCUMENT.split("## Common random numbers in evaluation")[1].split("\n## ")[0]
+    assert f"(SD of f_i − f_j {member['pair_sd_mean']:.1f} → {common['pair_sd_mean']:.1f})" in section
+    assert f"({member['member_sd_mean']:.1f} → {common['member_sd_mean']:.1f})" in section
+    assert f"in {100 * member['replaced_differs_from_reference']:.0f} % of evaluations" in section
+    assert f"and in\n  {100 * common['replaced_differs_from_reference']:.0f} % with common ones" in section
+    ref = d["reference_fitness"]
+    assert f"fitness −{-max(ref):.0f} to −{-min(ref):.0f})" in section
+    fitness = {k: np.asarray(v) for k, v in d["fitness"].items()}  # the summary recomputes from the stored scores
+    pairs = [np.std(fitness["common"][:, i] - fitness["common"][:, j], ddof=1) for i in range(8) for j in range(i + 1, 8)]
+    assert np.mean(pairs) == pytest.approx(common["pair_sd_mean"], rel=1e-5)
