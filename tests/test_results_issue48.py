@@ -167,5 +167,6 @@ def test_the_crn_prose_figures_come_from_the_json():
     ref = d["reference_fitness"]
     assert f"fitness −{-max(ref):.0f} to −{-min(ref):.0f})" in section
     fitness = {k: np.asarray(v) for k, v in d["fitness"].items()}  # the summary recomputes from the stored scores
-    pairs = [np.std(fitness["common"][:, i] - fitness["common"][:, j], ddof=1) for i in range(8) for j in range(i + 1, 8)]
+    f = fitness["common"]
+    pairs = [np.std(f[:, i] - f[:, j], ddof=1) for i in range(8) for j in range(i + 1, 8)]
     assert np.mean(pairs) == pytest.approx(common["pair_sd_mean"], rel=1e-5)
