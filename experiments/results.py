@@ -336,6 +336,7 @@ EVIDENCE: dict[str, Callable[[], tuple[str, str]]] = {
     "memr_hopper": _memr("memr_hopper/results_40k_issue38.json", "memr", "sac", "gym:Hopper-v5"),
     "memr_prioritized_pendulum": _memr("memr_pendulum/results_issue38.json", "memr", "memr_uniform", None),
     "memr_prioritized_hopper": _memr("memr_hopper/results_40k_issue38.json", "memr", "memr_uniform", None),
+    "memr_whole_history": _memr("memr_pendulum/results_whole_history.json", "memr_full", "memr", None),
     "refer_pendulum": _refer("pendulum"),
     "refer_hopper": _refer("hopper-v5"),
     "refer_pace_ddpg": _refer_pace("refer", "ddpg"),
