@@ -11,8 +11,9 @@
 #      batch 32,768, 2 updates per env step) on brax:humanoid@mjx, N = 1, 4, 16 members x 256 and 1,024 envs per
 #      member in bf16, and N = 1, 16 at 1,024 envs in tf32: agent env steps/s and the ratio to one member alone
 #      (frontier.json; the arithmetic of each point is in its row).
-#   2. MF-PBT over 16 members x 1,024 envs for the rest of the budget (pbt_run/: metrics.csv holds each member's
-#      return against wall_s; pbt_curve.json the best member's return against wall-clock seconds).
+#   2. MF-PBT (4 sub-populations of 4 evolving every 1, 2, 3, 4 rounds) over 16 members x 1,024 envs for the rest of the
+#      budget (pbt_run/: metrics.csv holds each member's return against wall_s; pbt_curve.json the best member's
+#      return against wall-clock seconds).
 # Environment: PY (python), SMALL=1 (tiny sizes on probe:pendulum: a dry run on a CPU in a few minutes, what the
 # test-slow group runs; with ENV=brax:humanoid@mjx each program compiles for about 80 s on a 2-core CPU), ENV (default
 # brax:humanoid@mjx; probe:pendulum with SMALL=1).
@@ -47,20 +48,43 @@ PYEOF
 if [ -n "${SMALL:-}" ]; then
   SHAPES="--critic-hidden 16 --actor-hidden 16 --batch-size 64 --buffer-per-env 32 --iterations 12 --warmup-iterations 2"
   POPS_BF16=1,2; ENVS=4,8; POPS_TF32=1,2; ENVS_TF32=8
-  PBT_POP=4; PBT_ENVS=4; PBT_STEPS=2000; PBT_SHAPES='"critic_hidden": [16], "actor_hidden": [16], "num_atoms": 11'
+  PBT_POP=8; PBT_ENVS=4; PBT_STEPS=2000; PBT_SHAPES='"critic_hidden": [16], "actor_hidden": [16], "num_atoms": 11'
+  SUBPOPULATIONS="[4, 4]"; FREQUENCIES="[1, 2]"
   PBT_BATCH=64; PBT_BUFFER=1000; T_PLAN=300; T_BENCH=600; T_PBT=300
 else
   SHAPES="--critic-hidden 1024,512,256 --actor-hidden 512,256,128 --batch-size 32768 --buffer-per-env 1024 \
 --iterations 60 --warmup-iterations 4"
   POPS_BF16=1,4,16; ENVS=256,1024; POPS_TF32=1,16; ENVS_TF32=1024
-  PBT_POP=16; PBT_ENVS=1024; PBT_STEPS=$((1024 * 3000)); PBT_SHAPES='"n_step": 3'
-  PBT_BATCH=32768; PBT_BUFFER=$((1024 * 1024)); T_PLAN=60; T_BENCH=300; T_PBT=150
+  # the MF-PBT run keeps 64 replay rows per env: every evaluation writes a checkpoint of the whole population
+  # (16 x 65,536 rows x 2,029 B = 2.1 GB on brax:humanoid@mjx), which FastTD3's 10,240 rows would make 340 GB
+  PBT_POP=16; PBT_ENVS=1024; PBT_STEPS=$((1024 * 1000)); PBT_SHAPES='"n_step": 3'
+  SUBPOPULATIONS="[4, 4, 4, 4]"; FREQUENCIES="[1, 2, 3, 4]"
+  PBT_BATCH=32768; PBT_BUFFER=$((1024 * 64)); T_PLAN=60; T_BENCH=300; T_PBT=150
 fi
 
-echo "== 0. the plan of $PBT_POP members x $PBT_ENVS envs on $ENV"
-timeout -k 10 $T_PLAN $PY -m popjax.cli train --learner fast_td3 --env "$ENV" --pop "$PBT_POP" \
-  --envs-per-member "$PBT_ENVS" --batch-size "$PBT_BATCH" --buffer-size "$PBT_BUFFER" --plan \
-  | tee "$OUT/plan.txt"
+cat > "$OUT/pbt.yaml" <<YAML
+learner: fast_td3
+env: $ENV
+driver: pbt
+pop_size: $PBT_POP
+seed: 0
+envs_per_member: $PBT_ENVS
+rollout_len: 1
+update_ratio: $(awk "BEGIN {print 2 / $PBT_ENVS}")
+total_env_steps: $PBT_STEPS
+warmup_steps: $((PBT_ENVS * 10))
+batch_size: $PBT_BATCH
+buffer_size: $PBT_BUFFER
+eval_interval: $((PBT_STEPS / 10))
+eval_episodes: 1
+matmul_precision: bf16
+progress: false
+learner_config: {$PBT_SHAPES}
+pbt: {interval: $((PBT_STEPS / 10)), quantile: 0.25, copy_buffer: true, subpopulations: $SUBPOPULATIONS,
+      frequencies: $FREQUENCIES}
+YAML
+echo "== 0. the plan of the MF-PBT run: $PBT_POP members x $PBT_ENVS envs on $ENV"
+timeout -k 10 $T_PLAN $PY -m popjax.cli train --config "$OUT/pbt.yaml" --preset none --plan | tee "$OUT/plan.txt"
 echo "plan: exit ${PIPESTATUS[0]}"
 
 echo "== 1. throughput (bf16, then tf32), out: $OUT"
@@ -76,27 +100,6 @@ echo "throughput: exit $?, ${SECONDS}s in all"
 
 echo "== 2. MF-PBT: $PBT_POP members x $PBT_ENVS envs, bf16, until its time limit"
 SECONDS=0
-cat > "$OUT/pbt.yaml" <<YAML
-learner: fast_td3
-env: $ENV
-driver: pbt
-pop_size: $PBT_POP
-seed: 0
-envs_per_member: $PBT_ENVS
-rollout_len: 1
-update_ratio: $(awk "BEGIN {print 2 / $PBT_ENVS}")
-total_env_steps: $PBT_STEPS
-warmup_steps: $((PBT_ENVS * 10))
-batch_size: $PBT_BATCH
-buffer_size: $PBT_BUFFER
-eval_interval: $((PBT_STEPS / 20))
-eval_episodes: 1
-checkpoint_interval: $((PBT_STEPS / 20))
-matmul_precision: bf16
-progress: false
-learner_config: {$PBT_SHAPES}
-pbt: {interval: $((PBT_STEPS / 10)), quantile: 0.25, copy_buffer: true, subpopulations: [$((PBT_POP / 4)), $((PBT_POP / 4)), $((PBT_POP / 4)), $((PBT_POP / 4))], frequencies: [1, 2, 3, 4]}
-YAML
 timeout -k 10 $T_PBT $PY -m popjax.cli train --config "$OUT/pbt.yaml" --preset none --out "$OUT/pbt_run" | tail -n 5
 echo "MF-PBT: exit ${PIPESTATUS[0]}, ${SECONDS}s"
 $PY - "$OUT" <<'PYEOF'
