@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 from collections.abc import Mapping
 from typing import Annotated, Any
@@ -96,6 +97,34 @@ class EnvName(Kind):
 
 Options = Annotated[dict[str, Any], AnyMapping()]
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+               "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySize(Kind):
+    """``auto`` or a size in bytes: ``141GB`` (GB = 10^9 bytes, as GPU makers count), ``80GiB`` (2^30) or a number."""
+
+    def describe(self) -> str:
+        return "auto, or a size such as 141GB, 80GiB or a number of bytes"
+
+    def convert(self, value, context=None):
+        if value == "auto":
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number, unit = float(value), ""
+        else:
+            match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(value)) \
+                if isinstance(value, str) else None
+            if match is None or match.group(2).lower() not in _SIZE_UNITS:
+                raise self.expected(value)
+            number, unit = float(match.group(1)), match.group(2).lower()
+        size = number * _SIZE_UNITS[unit]
+        if not math.isfinite(size) or size < 1:
+            raise Invalid(f"must be at least 1 byte, got {show(value)}")
+        return int(size)
+
+
 
 @schema.dataclass(what="option")
 class RunConfig:
@@ -165,6 +194,10 @@ class RunConfig:
         "TF32 on a recent NVIDIA GPU, float32 on a CPU), tf32, highest (full float32) or bf16 (the networks' "
         "products from bfloat16 operands with float32 accumulation; everything else, env physics included, as "
         "highest); see docs/gpu.md")
+    device_memory: Annotated[int | str, MemorySize()] = Field(
+        "auto", description="memory each device may use: auto (a GPU's or TPU's own, the host's RAM on a CPU), or a "
+        "size to plan for another device or leave room; a run that cannot fit is refused before anything is written, "
+        "naming what to lower (popjax train --plan prints the plan; see docs/planning.md)")
 
     @model_validator(mode="after")
     def _check(self):

@@ -13,8 +13,8 @@ from typing import Any
 
 import jax
 
-from popjax import distributed
-from popjax.config import ConfigError, RunConfig, check_memory, make_learner_config, memory_estimate
+from popjax import distributed, planning
+from popjax.config import ConfigError, RunConfig, make_learner_config
 from popjax.drivers import DRIVERS
 from popjax.drivers.base import BuildContext, Driver, DriverDef, DriverOptions, Rollout
 from popjax.envs import registry
@@ -45,7 +45,7 @@ class Plan:
     driver_def: DriverDef
     options: DriverOptions
     placement: Placement
-    memory: Any
+    memory: planning.RunPlan
     driver: Driver
     local: Driver
 
@@ -55,12 +55,13 @@ class Plan:
         return self.driver_def.members_independent(self.options)
 
 
-def memory_plan(config: RunConfig, spec: EnvSpec, learner_def: LearnerDef) -> Any:
-    """The run's memory plan, refused in one line when it does not fit: the replay buffers, one iteration's
-    transitions and the evaluation batch against the machine's memory (``popjax.config.check_memory``)."""
-    del learner_def  # the estimate needs only the run's sizes
-    check_memory(config, spec)
-    return memory_estimate(config, spec)
+def memory_plan(config: RunConfig, spec: EnvSpec, driver: Driver, local: Driver, placement: Placement
+                ) -> planning.RunPlan:
+    """The run's memory plan (``popjax.planning``: the state's bytes from ``jax.eval_shape`` of the driver's init,
+    the envs, one iteration's transitions, the evaluation) against the device's memory (``device_memory``), refused
+    in one line naming what to lower when it does not fit (``planning.DoesNotFit``). Nothing is compiled here:
+    ``popjax train --plan`` adds XLA's analysis of the compiled update."""
+    return planning.check_fits(planning.plan_run(config, spec, driver, local, placement))
 
 
 def resolve(config: RunConfig) -> Plan:
@@ -83,7 +84,6 @@ def resolve(config: RunConfig) -> Plan:
     if definition.action_kind != "any" and (definition.action_kind == "discrete") != spec.discrete:
         raise ConfigError(f"env: {config.learner} needs {definition.action_kind} actions but {config.env} has "
                           f"{spec.describe_actions()}")
-    memory = memory_plan(config, spec, definition)  # before anything is allocated
     learner_config = make_learner_config(config)
     if definition.fit.check_env is not None and (found := definition.fit.check_env(learner_config, spec)) is not None:
         key, why = found  # an option the env cannot serve: one line now, not a traceback when first traced
@@ -125,6 +125,7 @@ def resolve(config: RunConfig) -> Plan:
              if placement.per_device else driver)
     if not registry.is_jax_env(config.env):
         check_host_envs_split(config, driver)
+    memory = memory_plan(config, spec, driver, local, placement)  # shapes only: before anything is allocated
     return Plan(config=config, spec=spec, learner_def=definition, learner_config=learner_config, learner=learner,
                 hparams=hparams, driver_def=driver_def, options=options, placement=placement, memory=memory,
                 driver=driver, local=local)

@@ -22,7 +22,7 @@ LAYERS = [
     ("popjax.config", "popjax.rundir", "popjax.checkpoint", "popjax.loggers"),
     ("popjax.learners",),
     ("popjax.drivers",),
-    ("popjax.loop", "popjax.presets"),
+    ("popjax.loop", "popjax.presets", "popjax.planning"),
     ("popjax.resolve", "popjax.experiment", "popjax.export", "popjax.comparison"),
     ("popjax.cli", "popjax.__main__", "popjax"),
 ]

@@ -191,7 +191,10 @@ CASES = [
     api_case("search_space.actor_lr", hparams={"actor_lr": 1e-3},
              search_space={"actor_lr": {"low": 1e-4, "high": 1e-3}}),
     api_case("buffer_size", build=True, buffer_size=10**9),
-    api_case("eval_episodes", build=True, pop_size=65_536, buffer_size=1_000, eval_episodes=10_000),
+    # the members' params and optimizer states (TD3 256 x 256: 3.3 MB each) are most of the 16 GiB machine's need
+    api_case("pop_size", build=True, pop_size=65_536, buffer_size=1_000, eval_episodes=10_000),
+    api_case("eval_episodes", build=True, pop_size=65_536, buffer_size=1, batch_size=1, rollout_len=1,
+             eval_episodes=10_000, learner_config={"hidden": [1]}),  # tiny members: their evaluation is most of it
     api_case("update_ratio", total_env_steps=2**30, update_ratio=1000),
     api_case("total_env_steps", driver="dvd", pop_size=4, total_env_steps=2**30),
     # a RunConfig passed to popjax.train (or built and replaced) is the same schema
