@@ -423,14 +423,17 @@ class Loop:
                 if evaluated:
                     state, info = self.after_eval(state, returns)
                     self.driver.host.record(state, env_steps, returns, info)
+                checkpoint = self.checkpointer is not None and (evaluated or crossed(before, env_steps,
+                                                                                     cfg.checkpoint_interval))
+                if rows or checkpoint:  # they read the state: its device time is this iteration's, not unaccounted
+                    jax.block_until_ready(state)
                 self.wall_s += time.perf_counter() - start - (self.compiler.compile_s - compile_before)
                 if rows:
                     counted, updates = self.counters(state)
                     assert counted == env_steps, (counted, env_steps)  # the host's count (rollouts) is the state's
                     self.run_dir.append_metrics([{"env_steps": env_steps, "updates": updates,
                                                   "wall_s": round(self.wall_s, 3), **row} for row in rows])
-                if self.checkpointer is not None and (evaluated or crossed(before, env_steps,
-                                                                           cfg.checkpoint_interval)):
+                if checkpoint:
                     self.save_checkpoint(state, env_state)
                 progress.advance_to(min(env_steps, cfg.total_env_steps))
         return self.unpacked(state)
