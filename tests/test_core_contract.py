@@ -43,7 +43,7 @@ def make_spread_td3(config: td3.TD3Config, spec) -> Learner:
     core = td3.td3_core(config, spec)
 
     def act(key, state, obs, hp):
-        action = core.act(key, state, obs, hp)
+        action = core.act(key, state, obs, hp).action
         return action, {FIELD: jnp.zeros(action.shape[:-1], jnp.float32)}
 
     def update(key, state, replayed: Replayed, weights, hp):

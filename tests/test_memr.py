@@ -27,6 +27,7 @@ from popjax.config import ConfigError, make_config
 from popjax.drivers.replay import replay_updates
 from popjax.envs.base import to_native
 from popjax.envs.probes import pendulum
+from popjax.learners.actor_critic import Steps
 from popjax.learners.memr import MEMRConfig, default_hparams, entropy_priority, held_out, make_memr, memr_core
 from popjax.learners.sac import SACConfig, SACHParams, make_sac
 from popjax.networks.dynamics import model_nll, stats_init, stats_update
@@ -267,7 +268,8 @@ def test_m3_weights_change_the_q_gradient_never_the_policy_gradient():
     batch = linear_batch(jax.random.key(1), (8,))
     y = jnp.linspace(-1.0, 1.0, 8)
     w1, w2 = jnp.ones(8), jnp.linspace(0.1, 1.0, 8)
-    q_grad = lambda w: jax.grad(lambda p: core.sac.critic_loss(p, batch, y, w)[0])(state.sac.critic)
+    fixed_target = Steps(target=lambda key, state, batch, hp: y)
+    q_grad = lambda w: core.sac.critic_grads(jax.random.key(3), state.sac, batch, w, hp, fixed_target)[1]
     assert trees_differ(q_grad(w1), q_grad(w2))
     # A full SAC update with a frozen critic (lr 0): the actor and temperature steps are bit-identical whatever the
     # weights, while the weighted Q loss differs.

@@ -13,6 +13,8 @@ written once and takes a ``Steps``, the few places a wrapper may change it:
 
 The critic's per-sample weights (importance weights, ReF-ER's near mask, MEMR's segment weights) are the
 update's ``weights`` argument, and the update returns the per-sample ``|TD error|`` (the larger twin's).
+``critic_grads`` and ``actor_grads`` are the update's two gradients on their own, for wrappers that step the
+networks themselves (SPO's local steps, RLx2's dense topology scores, the shared critic of CEM-RL and DvD).
 """
 
 from __future__ import annotations
@@ -62,13 +64,14 @@ class Behaviour(NamedTuple):
 class Core(NamedTuple):
     """One actor-critic algorithm's functions over its state (``TD3State``, ``SACState``).
 
-    init(key, hp) -> state;  policy(state, obs) -> action;  act(key, state, obs, hp) -> action
-    behave(key, state, obs, hp) -> Behaviour: ``act``'s draw with its Gaussian (same key, same action)
+    init(key, hp) -> state;  policy(state, obs) -> action
+    act(key, state, obs, hp) -> Behaviour: the exploring action with the Gaussian it was drawn from
     gaussian(actor params, obs, hp) -> (mean, log_std): the exploring Gaussian of any actor params
-    target(key, state, batch, hp) -> y [B]: the one-step TD target (no gradient)
-    critic_loss(critic params, transitions, y, weights [B] | None) -> (loss, q [2, B])
-    actor_terms(key, actor params, critic params, state, obs) -> (per-sample losses [B], aux)
-    split(key) -> (target key, actor key): how the update's key is used
+    critic_grads(key, state, batch, weights [B] | None, hp, steps=PLAIN) -> ((loss, q [2, B], y [B]), grads): the TD
+        target (``steps.target`` or the core's one-step one), the critic loss over ``steps.sample(batch)`` and its
+        gradient at ``state.critic``; ``key`` is the update's (the core takes its own share of it)
+    actor_grads(key, state, critic params, obs, hp, steps=PLAIN) -> ((loss, aux), grads): ``steps.actor_objective``
+        over the per-sample actor losses through ``critic``, and its gradient at ``state.actor``
     update(key, state, batch, weights, hp, steps=PLAIN) -> (state, metrics, |td| [B])
     update_chunk(keys [H], state, batches [H, B, ...], weights [H, B] | None, hp, steps=PLAIN) -> (.., |td| [H, B]):
         a chunk of H updates that only equals H single updates under the run's fixed settings (TD3: H = a fixed
@@ -82,14 +85,15 @@ class Core(NamedTuple):
     init: Callable
     policy: Callable
     act: Callable
-    behave: Callable
     gaussian: Callable
-    target: Callable
-    critic_loss: Callable
-    actor_terms: Callable
-    split: Callable
+    critic_grads: Callable
+    actor_grads: Callable
     update: Callable
     update_chunk: Callable | None
     actor_period: Callable
     targets: dict[str, str]
 
+
+def exploring(core: Core) -> Callable:
+    """A learner's ``act`` that records nothing: ``(the core's exploring action, None)``."""
+    return lambda key, state, obs, hp: (core.act(key, state, obs, hp).action, None)

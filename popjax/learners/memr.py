@@ -394,7 +394,7 @@ def make_memr(config: MEMRConfig, spec: EnvSpec) -> Learner:
     core = memr_core(config, spec)
     prioritized = config.start_states == "prioritized"
     return Learner(init=core.init,
-                   act=without_extras(lambda key, state, obs, hp: core.sac.act(key, state.sac, obs, hp)),
+                   act=without_extras(lambda key, state, obs, hp: core.sac.act(key, state.sac, obs, hp).action),
                    policy=lambda state, obs: core.sac.policy(state.sac, obs),
                    step=ReplayStep(core.update, chunk=config.priority_lag, priorities=prioritized,
                                    by_priority=prioritized))

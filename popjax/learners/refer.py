@@ -178,7 +178,7 @@ def make_refer(config: ReferConfig, spec: EnvSpec, base: Core) -> Learner:
                           t=jnp.zeros((), jnp.int32))
 
     def act(key: Key, state: ReferState, obs: jax.Array, hp):
-        action, mean, log_std, u = base.behave(key, state.base, obs, hp)
+        action, mean, log_std, u = base.act(key, state.base, obs, hp)
         return action, {"mean": mean, "log_std": log_std, "u": u, "rho": jnp.ones(mean.shape[:-1], jnp.float32)}
 
     def policy(state: ReferState, obs: jax.Array) -> jax.Array:

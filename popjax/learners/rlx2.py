@@ -250,14 +250,11 @@ def sac_multi_step_target(key: Key, sample_fn, target_critic: PyTree, critic_net
 
 # --- the learner's pieces ------------------------------------------------------------------------
 def dense_grads(core: Core, key: Key, inner, batch, hp, made: Steps):
-    """Dense ``(actor, critic)`` gradients of the core's losses (the critic's alone for the critic: the released
-    SAC code also leaks the actor loss's gradient into it one step before a topology step; popjax does not)."""
-    key_target, key_actor = core.split(key)
-    y = (made.target or core.target)(key_target, inner, batch, hp)
-    sample = made.sample(batch)
-    critic = jax.grad(lambda c: core.critic_loss(c, sample, y, None)[0])(inner.critic)
-    actor = jax.grad(lambda a: made.actor_objective(a, core.actor_terms(key_actor, a, inner.critic, inner,
-                                                                        sample.obs)[0]))(inner.actor)
+    """Dense ``(actor, critic)`` gradients of the core's losses at ``inner``, both through ``inner.critic`` (the
+    critic's loss alone for the critic: the released SAC code also leaks the actor loss's gradient into it one step
+    before a topology step; popjax does not)."""
+    _, critic = core.critic_grads(key, inner, batch, None, hp, made)
+    _, actor = core.actor_grads(key, inner, inner.critic, made.sample(batch).obs, hp, made)
     return actor, critic
 
 
@@ -373,7 +370,7 @@ def make_rlx2(config: RLx2Config, spec: EnvSpec, core: Core, n_step_target: Call
         return core.policy(state.inner, obs)
 
     def act(key: Key, state: RLx2State, obs: jax.Array, hp) -> jax.Array:
-        return core.act(key, state.inner, obs, hp)
+        return core.act(key, state.inner, obs, hp).action
 
     if config.n_step > spec.max_episode_steps:
         raise ConfigError(f"learner_config.n_step: {config.n_step} is longer than the episode limit of {spec.name} "

@@ -34,7 +34,7 @@ from flax import struct
 from pydantic import Field
 
 from popjax import schema
-from popjax.learners.actor_critic import PLAIN, Behaviour, Core, Steps
+from popjax.learners.actor_critic import PLAIN, Behaviour, Core, Steps, exploring
 from popjax.learners.base import (
     MUJOCO_V5,
     BatchSize,
@@ -49,7 +49,6 @@ from popjax.learners.base import (
     polyak,
     replay_step,
     scalar,
-    without_extras,
 )
 from popjax.networks.mlp import GaussianActor, TwinCritic
 from popjax.population.hparams import hparam
@@ -179,28 +178,43 @@ def sac_core(config: SACConfig, spec: EnvSpec) -> Core:
         q = critic_net.apply(critic_params, obs, action).min(axis=0)
         return jnp.exp(state.log_alpha) * log_prob - q, log_prob
 
+    def critic_grads(key: Key, state: SACState, batch, weights, hp: SACHParams, steps: Steps = PLAIN):
+        """The TD loss over ``steps.sample(batch)`` against ``steps.target`` (default: the one-step target, drawn
+        with the first half of ``key``) and its gradient at ``state.critic``: ``((loss, q [2, B], y [B]), grads)``."""
+        key_next, _ = jax.random.split(key)
+        y = (steps.target or target)(key_next, state, batch, hp)
+        loss = lambda critic: critic_loss(critic, steps.sample(batch), y, weights)  # noqa: E731
+        (value, q), grads = jax.value_and_grad(loss, has_aux=True)(state.critic)
+        return (value, q, y), grads
+
+    def actor_grads(key: Key, state: SACState, critic: PyTree, obs: jax.Array, hp: SACHParams,
+                    steps: Steps = PLAIN):
+        """``steps.actor_objective`` over the per-sample losses through ``critic`` (actions drawn with the second
+        half of ``key``) and its gradient at ``state.actor``: ``((loss, log pi [B]), grads)``."""
+        del hp
+        _, key_actor = jax.random.split(key)
+
+        def loss(actor):
+            terms, log_prob = actor_terms(key_actor, actor, critic, state, obs)
+            return steps.actor_objective(actor, terms), log_prob
+
+        return jax.value_and_grad(loss, has_aux=True)(state.actor)
+
     def alpha_loss_fn(log_alpha, log_prob, target_entropy):
         return jnp.mean(-log_alpha * jax.lax.stop_gradient(log_prob + target_entropy))
 
     def update(key: Key, state: SACState, batch, weights: jax.Array | None, hp: SACHParams, steps: Steps = PLAIN):
         """One SAC step, the critic loss weighted per sample; also ``|TD error|`` (the larger twin's)."""
-        key_next, key_actor = jax.random.split(key)
         alpha = jnp.exp(state.log_alpha)
         target_entropy = -hp.target_entropy_scale * spec.action_dim
-        transitions = steps.sample(batch)
 
-        y = (steps.target or target)(key_next, state, batch, hp)
-        (critic_loss_value, q), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(
-            state.critic, transitions, y, weights)
-        critic, critic_opt = steps.critic(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
+        (critic_loss_value, q, y), critic_grads_ = critic_grads(key, state, batch, weights, hp, steps)
+        critic, critic_opt = steps.critic(state.critic, critic_grads_, state.critic_opt, hp.critic_lr)
 
         # Actor, through the just-updated critic.
-        def actor_loss(actor):
-            terms, log_prob = actor_terms(key_actor, actor, critic, state, transitions.obs)
-            return steps.actor_objective(actor, terms), log_prob
-
-        (actor_loss_value, log_prob), actor_grads = jax.value_and_grad(actor_loss, has_aux=True)(state.actor)
-        actor, actor_opt = steps.actor(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
+        (actor_loss_value, log_prob), actor_grads_ = actor_grads(key, state, critic, steps.sample(batch).obs, hp,
+                                                                 steps)
+        actor, actor_opt = steps.actor(state.actor, actor_grads_, state.actor_opt, hp.actor_lr)
 
         # Temperature.
         alpha_loss, alpha_grad = jax.value_and_grad(alpha_loss_fn)(state.log_alpha, log_prob, target_entropy)
@@ -235,24 +249,19 @@ def sac_core(config: SACConfig, spec: EnvSpec) -> Core:
         del hp
         return actor_net.apply(actor, obs)
 
-    def behave(key: Key, state: SACState, obs: jax.Array, hp: SACHParams) -> Behaviour:
+    def act(key: Key, state: SACState, obs: jax.Array, hp: SACHParams) -> Behaviour:
+        """A reparameterised draw from the squashed Gaussian (the same action as ``sample_action``)."""
         mean, log_std = gaussian(state.actor, obs, hp)
         u = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
         return Behaviour(jnp.tanh(u), mean, log_std, u)
 
-    def act(key: Key, state: SACState, obs: jax.Array, hp: SACHParams) -> jax.Array:
-        del hp
-        action, _ = sample(key, state.actor, obs)
-        return action
-
-    return Core(actor_net, critic_net, init, policy, act, behave, gaussian, target, critic_loss, actor_terms,
-                split=lambda key: tuple(jax.random.split(key)), update=update, update_chunk=None,
-                actor_period=lambda hp: jnp.ones((), jnp.int32), targets={"target_critic": "critic"})
+    return Core(actor_net, critic_net, init, policy, act, gaussian, critic_grads, actor_grads, update=update,
+                update_chunk=None, actor_period=lambda hp: jnp.ones((), jnp.int32), targets={"target_critic": "critic"})
 
 
 def make_sac(config: SACConfig, spec: EnvSpec) -> Learner:
     core = sac_core(config, spec)
-    return Learner(init=core.init, act=without_extras(core.act), policy=core.policy, step=replay_step(core.update))
+    return Learner(init=core.init, act=exploring(core), policy=core.policy, step=replay_step(core.update))
 
 
 # The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.

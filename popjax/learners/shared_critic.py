@@ -13,8 +13,8 @@ step are computed once, not ``pop`` times, and the same function can run under
 ``shard_map`` with the member axis split over devices: pass ``device_axis`` and the
 collectives also run over it (every reduction then spans the whole population).
 
-Everything else is popjax's TD3, reused from ``popjax/learners/td3.py`` (``target_q``,
-``dpg_loss``, ``critic_loss_fn``): one target ``y`` per member and step (one smoothing-noise
+Everything else is popjax's TD3 through its actor-critic core (``td3.td3_core``: its ``critic_grads``,
+``actor_grads``, ``act`` and ``policy``): one target ``y`` per member and step (one smoothing-noise
 draw from the member's own key), DPG on ``obs`` through
 critic 1 of the just-updated critic, all targets Polyak-averaged on policy steps only,
 Adam with a traced per-member learning rate. Per-member hyperparameters are the usual
@@ -46,8 +46,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from popjax.learners.base import adam_init, adam_step, polyak, select
-from popjax.learners.td3 import TD3Config, TD3HParams, critic_loss_fn, dpg_loss, target_q
-from popjax.networks.mlp import DeterministicActor, TwinCritic
+from popjax.learners.td3 import TD3Config, TD3HParams, TD3State, td3_core
 from popjax.population.tree import member
 from popjax.precision import network_module
 from popjax.types import EnvSpec, Key, Metrics, PyTree, Transition
@@ -221,12 +220,17 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
     if spec.discrete:
         raise ValueError("the shared-critic TD3 needs continuous actions")
     # Network passes (rounded under matmul_precision bf16); DvD's kernel and Cholesky are not.
-    actor_net = network_module(DeterministicActor(config.hidden, spec.action_dim))
-    critic_net = network_module(TwinCritic(config.hidden))
+    core = td3_core(config, spec, module=network_module)
+    actor_net, critic_net = core.actor_net, core.critic_net
     obs0 = jnp.zeros((1,) + spec.obs_shape, jnp.float32)
     act0 = jnp.zeros((1, spec.action_dim), jnp.float32)
     collectives = population_collectives(pop_size, device_axis)  # every reduction spans the population
     pmean, pmin, gather = collectives.pmean, collectives.pmin, collectives.gather
+
+    def member_view(actor, target_actor=None, critic=None, target_critic=None) -> TD3State:
+        """The networks of one member (its actor, the shared critic) as the TD3 state the core reads."""
+        return TD3State(actor=actor, critic=critic, target_actor=target_actor, target_critic=target_critic,
+                        actor_opt=None, critic_opt=None, steps=None)
 
     def init_actor(key: Key) -> PyTree:
         return actor_net.init(key, obs0)
@@ -249,9 +253,8 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
         """Member's TD loss on its own sub-batch (own target actor and noise key) and the
         population mean of loss and gradient (= loss and gradient of the mean over all pop*B
         samples, the sub-batches having equal sizes)."""
-        y = target_q(key, actor_net, critic_net, target_actor, target_critic, batch, hp)
-        loss_and_grad = jax.value_and_grad(critic_loss_fn, has_aux=True)
-        (member_loss, q), grads = loss_and_grad(critic, critic_net, batch, y)
+        (member_loss, q, _), grads = core.critic_grads(key, member_view(None, target_actor, critic, target_critic),
+                                                       batch, None, hp)
         return member_loss, q, pmean(member_loss), pmean(grads)
 
     def member_step(key, actor, target_actor, actor_opt, batch, hp, critic, target_critic, critic_opt, steps,
@@ -265,8 +268,7 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
         new_target_critic = select(critic_policy_step, moved, target_critic)
 
         # 2. Actors: DPG through the just-updated shared critic (+ DvD's diversity gradient).
-        actor_loss, actor_grads = jax.value_and_grad(
-            lambda a: dpg_loss(actor_net, critic_net, a, new_critic, batch.obs))(actor)
+        (actor_loss, _), actor_grads = core.actor_grads(None, member_view(actor), new_critic, batch.obs, hp)
         metrics = {"critic_loss": critic_loss, "member_critic_loss": member_loss, "actor_loss": actor_loss,
                    "q_mean": q.mean()}
         if diversity is not None:
@@ -321,14 +323,12 @@ def make_shared_critic_td3(config: TD3Config, spec: EnvSpec, pop_size: int,
         return state, jax.tree.map(lambda m: m.mean(axis=0), metrics)
 
     def policy(state: SharedCriticState, obs: jax.Array) -> jax.Array:
-        return jax.vmap(actor_net.apply)(state.actor, obs)
+        return jax.vmap(lambda actor, o: core.policy(member_view(actor), o))(state.actor, obs)
 
     def act(keys: Key, state: SharedCriticState, obs: jax.Array, hparams: TD3HParams) -> jax.Array:
         """Exploration actions; ``keys [pop]``, one per member (its noise does not depend on the others)."""
-        action = policy(state, obs)
-        noise = jax.vmap(lambda k, a: jax.random.normal(k, a.shape))(keys, action)
-        sigma = hparams.exploration_noise.reshape((-1,) + (1,) * (action.ndim - 1))
-        return jnp.clip(action + sigma * noise, -1.0, 1.0)
+        return jax.vmap(lambda k, actor, o, hp: core.act(k, member_view(actor), o, hp).action)(
+            keys, state.actor, obs, hparams)
 
     return SharedCriticTD3(init=init, update=update, act=act, policy=policy, member_axes=MEMBER_AXES, train=train,
                            critic_grads=critic_grads, load_actors=load_actors, actor_apply=actor_net.apply,

@@ -50,6 +50,7 @@ from pydantic import Field
 from popjax import schema
 from popjax.config import ConfigError
 from popjax.learners import dqn, td3
+from popjax.learners.actor_critic import exploring
 from popjax.learners.base import (
     BatchSize,
     Hidden,
@@ -61,7 +62,6 @@ from popjax.learners.base import (
     adam_step,
     init_actor_critic,
     select,
-    without_extras,
 )
 from popjax.networks.mlp import QNetwork, check_cnn
 from popjax.population.hparams import hparam
@@ -308,14 +308,13 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
         """A round; the critic loss of sample i weighted by ``weights`` ``[H, B]`` (None: unweighted; the actor
         loss never is); also the larger twin's ``|Q(s, a) - y|`` ``[H, B]`` from the critic phase."""
         def critic_step(critic, critic_opt, key, batch, w):
-            y = core.target(key, state, batch, hp)  # the round's frozen targets
-            (loss, q), grads = jax.value_and_grad(core.critic_loss, has_aux=True)(critic, batch, y, w)
+            # against the round's frozen targets (the state's target networks)
+            (loss, q, y), grads = core.critic_grads(key, state.replace(critic=critic), batch, w, hp)
             critic, critic_opt = adam_step(critic, grad_sync(grads, config), critic_opt, hp.critic_lr)
             return critic, critic_opt, {"critic_loss": loss, "q_mean": q.mean(), "td_abs": jnp.abs(q - y).max(axis=0)}
 
         def actor_step(actor, actor_opt, critic, batch):
-            loss, grads = jax.value_and_grad(lambda a: core.actor_terms(None, a, critic, state, batch.obs)[0].mean())(
-                actor)
+            (loss, _), grads = core.actor_grads(None, state.replace(actor=actor), critic, batch.obs, hp)
             actor, actor_opt = adam_step(actor, grad_sync(grads, config), actor_opt, hp.actor_lr)
             return actor, actor_opt, {"actor_loss": loss}
 
@@ -362,7 +361,7 @@ def make_spo_td3(config: SPOTD3Config, spec: EnvSpec) -> Learner:
         return td3.TD3State(actor=first(state.actor), critic=None, target_actor=None, target_critic=None,
                             actor_opt=None, critic_opt=None, steps=state.steps)
 
-    return Learner(init=init, act=without_extras(lambda key, state, obs, hp: core.act(key, as_td3(state), obs, hp)),
+    return Learner(init=init, act=lambda key, state, obs, hp: exploring(core)(key, as_td3(state), obs, hp),
                    policy=lambda state, obs: core.policy(as_td3(state), obs),
                    step=ReplayStep(update_round, chunk=config.local_steps, banks=r))
 

@@ -19,6 +19,7 @@ which ReF-ER, RLx2 and SPO wrap.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ from pydantic import Field
 
 from popjax import schema
 from popjax.config import ConfigError
-from popjax.learners.actor_critic import PLAIN, Behaviour, Core, Steps
+from popjax.learners.actor_critic import PLAIN, Behaviour, Core, Steps, exploring
 from popjax.learners.base import (
     MUJOCO_V5,
     BatchSize,
@@ -40,12 +41,12 @@ from popjax.learners.base import (
     Report,
     RunFit,
     adam_init,
+    identity,
     init_actor_critic,
     polyak,
     replay_step,
     scalar,
     select,
-    without_extras,
 )
 from popjax.networks.mlp import DeterministicActor, TwinCritic
 from popjax.population.hparams import hparam
@@ -130,10 +131,11 @@ def dpg_values(actor_net, critic_net, actor: PyTree, critic: PyTree, obs: jax.Ar
     return critic_net.apply(critic, obs, actor_net.apply(actor, obs))[0]
 
 
-def td3_core(config: TD3Config, spec: EnvSpec) -> Core:
-    """TD3 as an actor-critic ``Core``; its update takes the wrapper's ``Steps``."""
-    actor_net = DeterministicActor(config.hidden, spec.action_dim)
-    critic_net = TwinCritic(config.hidden)
+def td3_core(config: TD3Config, spec: EnvSpec, module: Callable = identity) -> Core:
+    """TD3 as an actor-critic ``Core``; its update takes the wrapper's ``Steps``. ``module`` wraps each network
+    (the shared critic's ``precision.network_module``: its network passes, not the whole update, are marked)."""
+    actor_net = module(DeterministicActor(config.hidden, spec.action_dim))
+    critic_net = module(TwinCritic(config.hidden))
 
     def init(key: Key, hparams: TD3HParams) -> TD3State:
         del hparams
@@ -151,28 +153,31 @@ def td3_core(config: TD3Config, spec: EnvSpec) -> Core:
     def one_step_target(key: Key, state: TD3State, batch: Transition, hp: TD3HParams) -> jax.Array:
         return target_q(key, actor_net, critic_net, state.target_actor, state.target_critic, batch, hp)
 
-    def critic_loss(critic, transitions, y, weights=None):
-        return critic_loss_fn(critic, critic_net, transitions, y, weights)
+    def critic_grads(key: Key, state: TD3State, batch: Transition, weights, hp: TD3HParams, steps: Steps = PLAIN):
+        """The TD loss over ``steps.sample(batch)`` against ``steps.target`` (default: the one-step target) and its
+        gradient at ``state.critic``: ``((loss, q [2, B], y [B]), grads)``."""
+        y = (steps.target or one_step_target)(key, state, batch, hp)
+        loss = lambda critic: critic_loss_fn(critic, critic_net, steps.sample(batch), y, weights)  # noqa: E731
+        (value, q), grads = jax.value_and_grad(loss, has_aux=True)(state.critic)
+        return (value, q, y), grads
 
-    def actor_terms(key, actor, critic, state, obs):
-        """Per-sample DPG losses ``-Q_1(s, pi(s))`` (TD3's actor draws nothing: ``key`` is None)."""
-        del key, state
-        return -dpg_values(actor_net, critic_net, actor, critic, obs), None
+    def actor_grads(key, state: TD3State, critic: PyTree, obs: jax.Array, hp: TD3HParams, steps: Steps = PLAIN):
+        """``steps.actor_objective`` over the per-sample DPG losses ``-Q_1(s, pi(s))`` through ``critic``, and its
+        gradient at ``state.actor`` (TD3's actor draws nothing: ``key`` is unused)."""
+        del key, hp
+        loss = lambda actor: (steps.actor_objective(actor, -dpg_values(actor_net, critic_net, actor, critic, obs)),  # noqa: E731
+                              None)
+        return jax.value_and_grad(loss, has_aux=True)(state.actor)
 
     def critic_update(key: Key, state: TD3State, batch: Transition, hp: TD3HParams, steps: Steps, weights=None):
         """Also returns ``|TD error|`` per sample, the larger of the twin critics' (as LAP, Fujimoto et al. 2020)."""
-        y = (steps.target or one_step_target)(key, state, batch, hp)
-        (loss, q), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(
-            state.critic, steps.sample(batch), y, weights
-        )
-        critic, critic_opt = steps.critic(state.critic, critic_grads, state.critic_opt, hp.critic_lr)
+        (loss, q, y), grads = critic_grads(key, state, batch, weights, hp, steps)
+        critic, critic_opt = steps.critic(state.critic, grads, state.critic_opt, hp.critic_lr)
         return critic, critic_opt, loss, q, jnp.abs(q - y).max(axis=0)
 
     def actor_update(state: TD3State, critic: PyTree, batch: Transition, hp: TD3HParams, steps: Steps):
-        obs = steps.sample(batch).obs
-        loss = lambda actor: steps.actor_objective(actor, actor_terms(None, actor, critic, state, obs)[0])  # noqa: E731
-        actor_loss, actor_grads = jax.value_and_grad(loss)(state.actor)
-        actor, actor_opt = steps.actor(state.actor, actor_grads, state.actor_opt, hp.actor_lr)
+        (actor_loss, _), grads = actor_grads(None, state, critic, steps.sample(batch).obs, hp, steps)
+        actor, actor_opt = steps.actor(state.actor, grads, state.actor_opt, hp.actor_lr)
         return actor, actor_opt, actor_loss
 
     def targets(state: TD3State, actor: PyTree, critic: PyTree, hp: TD3HParams, steps: Steps):
@@ -233,17 +238,13 @@ def td3_core(config: TD3Config, spec: EnvSpec) -> Core:
         mean = actor_net.apply(actor, obs)
         return mean, jnp.broadcast_to(jnp.log(hp.exploration_noise), mean.shape)
 
-    def behave(key: Key, state: TD3State, obs: jax.Array, hp: TD3HParams) -> Behaviour:
+    def act(key: Key, state: TD3State, obs: jax.Array, hp: TD3HParams) -> Behaviour:
         mean, log_std = gaussian(state.actor, obs, hp)
         u = mean + hp.exploration_noise * jax.random.normal(key, mean.shape)
         return Behaviour(jnp.clip(u, -1.0, 1.0), mean, log_std, u)
 
-    def act(key: Key, state: TD3State, obs: jax.Array, hp: TD3HParams) -> jax.Array:
-        return behave(key, state, obs, hp).action
-
-    return Core(actor_net, critic_net, init, policy, act, behave, gaussian, one_step_target, critic_loss,
-                actor_terms, split=lambda key: (key, None), update=update, update_chunk=update_chunk,
-                actor_period=lambda hp: hp.policy_delay,
+    return Core(actor_net, critic_net, init, policy, act, gaussian, critic_grads, actor_grads, update=update,
+                update_chunk=update_chunk, actor_period=lambda hp: hp.policy_delay,
                 targets={"target_actor": "actor", "target_critic": "critic"})
 
 
@@ -251,7 +252,7 @@ def make_td3(config: TD3Config, spec: EnvSpec) -> Learner:
     core = td3_core(config, spec)
     delay = config.fixed_policy_delay
     step = ReplayStep(core.update_chunk, chunk=delay) if delay else replay_step(core.update)
-    return Learner(init=core.init, act=without_extras(core.act), policy=core.policy, step=step)
+    return Learner(init=core.init, act=exploring(core), policy=core.policy, step=step)
 
 
 def specialize(config: TD3Config, hparams: TD3HParams, updates_per_call: int, searched: frozenset[str],
