@@ -25,14 +25,17 @@ for _definition in (tensorboard.DEFINITION, wandb.DEFINITION):
     register(_definition)
 
 
-def check_installed(names: Iterable[str]) -> None:
-    """A one-line ConfigError for a logger whose package cannot be imported (run before anything is written)."""
+def check_installed(names: Iterable[str], config: Mapping[str, Any] | None = None) -> None:
+    """A one-line ConfigError for a logger whose package cannot be imported, or whose settings it cannot start with
+    (``LoggerDef.check``, given the run's config); run before anything is written."""
     for name in names:
         definition = LOGGERS[name]
         try:
             importlib.import_module(definition.package)
         except ImportError:
             raise ConfigError(f"logger: {name} is not installed ({definition.install})") from None
+        if definition.check is not None:
+            definition.check(dict(config or {}))
 
 
 def open_loggers(names: Iterable[str], path: Path, config: Mapping[str, Any]) -> list[Logger]:

@@ -37,6 +37,8 @@ class LoggerDef:
       package: the module the logger imports.
       install: what installs ``package`` (shown when it is missing).
       outputs: ``{folder of the run directory: glob patterns}`` of what the logger writes there.
+      check: ``(the run's config as plain values) -> None``, raising a one-line ``ConfigError`` for settings the
+        logger cannot start with (read only: it runs before anything is written); None: nothing to check.
     """
 
     name: str
@@ -44,3 +46,4 @@ class LoggerDef:
     package: str
     install: str
     outputs: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    check: Callable[[Mapping[str, Any]], None] | None = None

@@ -10,8 +10,11 @@ The run (named after the run directory, its config the run's config) gets, again
   table of the run directory as a Table named after its file (``lineage.csv``: every member at every round).
 
 W&B's own settings come from its environment variables (``WANDB_PROJECT``, default ``popjax``; ``WANDB_ENTITY``,
-``WANDB_MODE=offline``, ``WANDB_RUN_GROUP``, ...). Its files go to ``<run_dir>/wandb/``; the run's id is kept there,
-so ``popjax resume`` continues the same W&B run.
+``WANDB_MODE=offline``, ``WANDB_RUN_GROUP``, ...); ``check`` refuses an unknown mode, or an online run without
+credentials, before anything is written. Its files go to ``<run_dir>/wandb/``; the run's id is kept there, so
+``popjax resume`` continues the same W&B run, and so are the env steps last logged: a resume logs the rows after
+them only (the rows metrics.csv logs again after the checkpoint are in W&B already). A run that ends by an error
+is marked failed in W&B (exit code 1), a completed one finished.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from popjax.loggers.base import Logger, LoggerDef
 
 FOLDER = "wandb"
 RUN_ID = "popjax-run-id"  # the W&B run's id, kept so that a resume logs into the same run
+LOGGED = "popjax-logged-steps"  # the env steps of the last rows logged: a resume logs only later ones
+NO_LOGIN_MODES = ("offline", "dryrun", "disabled")
 LOOP_COLUMNS = ("updates", "wall_s")  # the loop's own columns: the same in every member's row
 
 
@@ -54,9 +59,14 @@ class WandbLogger(Logger):
                               f"{path}` starts it") from None
         self.run.define_metric("env_steps")
         self.run.define_metric("*", step_metric="env_steps")
+        self.logged_file = folder / LOGGED
+        self.logged = int(self.logged_file.read_text()) if self.logged_file.is_file() else -1
+        self.completed = False
 
     def rows(self, rows: Sequence[Mapping[str, Any]]) -> None:
         for env_steps, group in itertools.groupby(rows, key=lambda row: row["env_steps"]):
+            if env_steps <= self.logged:  # logged before the run was resumed
+                continue
             data: dict[str, Any] = {"env_steps": env_steps}
             returns = []
             for row in group:
@@ -70,6 +80,8 @@ class WandbLogger(Logger):
                 data["population/mean_eval_return"] = sum(returns) / len(returns)
                 data["population/best_eval_return"] = max(returns)
             self.run.log(data)
+            self.logged = env_steps
+            self.logged_file.write_text(f"{env_steps}\n")
 
     def finish(self, summary: Mapping[str, Any], tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
         import wandb
@@ -78,9 +90,40 @@ class WandbLogger(Logger):
         self.run.summary.update({key: value for key, value in summary.items() if key not in records})
         logged = {**records, **tables}
         self.run.log({name: _table(wandb, rows) for name, rows in logged.items() if rows})
+        self.completed = True
 
     def close(self) -> None:
-        self.run.finish()
+        self.run.finish(exit_code=0 if self.completed else 1)  # closed without finish: the run failed
+
+
+def check(config: Mapping[str, Any]) -> None:
+    """A one-line ConfigError for W&B settings that cannot start a run: an unknown ``WANDB_MODE``, or an online run
+    without credentials (``WANDB_API_KEY``, ``WANDB_IDENTITY_TOKEN_FILE`` or a netrc entry, what ``wandb login``
+    writes). Reads only; run before anything is written."""
+    del config
+    import typing
+
+    import wandb
+
+    mode = os.environ.get("WANDB_MODE") or "online"
+    modes = typing.get_args(wandb.Settings.model_fields["mode"].annotation)
+    if modes and mode not in modes:
+        raise ConfigError(f"logger: wandb: WANDB_MODE={mode!r} is not a W&B mode (allowed: {', '.join(modes)})")
+    if mode in NO_LOGIN_MODES or os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    try:
+        from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
+    except ImportError:  # another W&B version: its own error, when the run starts
+        return
+    try:
+        key = read_netrc_auth(host=os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    except Exception as err:  # noqa: BLE001 (W&B's error for a malformed entry)
+        raise ConfigError(f"logger: wandb: its credentials cannot be read ({str(err).splitlines()[0]}); log in "
+                          "with `wandb login`, or set WANDB_MODE=offline (allowed: online when logged in, "
+                          f"{', '.join(NO_LOGIN_MODES)})") from None
+    if not key:
+        raise ConfigError("logger: wandb is not logged in; log in with `wandb login` (or set WANDB_API_KEY), or "
+                          f"set WANDB_MODE=offline (allowed: online when logged in, {', '.join(NO_LOGIN_MODES)})")
 
 
 def _number(value: Any) -> bool:
@@ -112,4 +155,5 @@ def _table(wandb, rows: Sequence[Mapping[str, Any]]):
 DEFINITION = LoggerDef(name="wandb", make=WandbLogger, package="wandb", install="pip install 'popjax[wandb]'",
                        # the links first: once their targets are gone a glob no longer finds them
                        outputs={FOLDER: ("latest-run", "debug.log", "debug-internal.log", "offline-run-*", "run-*",
-                                         RUN_ID)})
+                                         RUN_ID, LOGGED)},
+                       check=check)
