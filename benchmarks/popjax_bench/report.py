@@ -39,7 +39,7 @@ def main(options: Options) -> Path:
 
 
 STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "frontier", "shared_critic", "drivers", "per",
-               "spo", "hts", "sparse_inference")
+               "spo", "hts", "sparse_inference", "sweep_walltime")
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -704,6 +704,23 @@ def section_sparse_inference(p: dict[str, Any]) -> list[str]:
     return lines + _table(["sparsity", "batch", "impl", "µs", "IQR µs", "vs dense", "FLOPs /", "max error"], table)
 
 
+def section_sweep_walltime(p: dict[str, Any]) -> list[str]:
+    """``benchmarks/sweep_walltime.py`` (issue 47): one wall time per arm, the load beside it."""
+    run = p["run"]
+    lines = [f"## sweep_walltime — {p['trials']} Optuna trials (TPE) of {run['learner']} on {run['env']}, "
+             f"{run['total_env_steps']:,} env steps each", "",
+             f"Written by `benchmarks/sweep_walltime.py` (not `make bench`): `popjax sweep` (pop {p['pop']}, "
+             f"{p['trials'] // p['pop']} generations) against Optuna asking one trial at a time, trained by "
+             "`popjax.train` with pop 1 in the same process, or by one `popjax train` process per trial (compile cache "
+             "warm for every arm). Wall time includes everything a user waits for. One run on a shared machine "
+             "(the 1-minute load beside each arm): indicative, never judged. 'best' is each study's best final "
+             "return (one study seed: no claim about quality).", ""]
+    base = p["arms"].get("in_process", {}).get("wall_s")
+    rows = [[arm, _f(a["wall_s"], 1), _f(base / a["wall_s"], 2, "×") if base else "—", _f(a["best"], 1),
+             f"{a['load_1min_before']:.2f} → {a['load_1min_after']:.2f}"] for arm, a in p["arms"].items()]
+    return lines + _table(["arm", "wall s", "vs in-process", "best", "load"], rows)
+
+
 def section_per(p: dict[str, Any]) -> list[str]:
     prm = p["params"]
     lines = _head("## per — prioritized-replay sum tree: sample and update throughput", p, "per")
@@ -859,7 +876,7 @@ def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
                 "envstep": section_envstep, "train": section_train, "frontier": section_frontier,
                 "shared_critic": section_shared_critic,
                 "drivers": section_drivers, "per": section_per, "spo": section_spo, "hts": section_hts,
-                "sparse_inference": section_sparse_inference}
+                "sparse_inference": section_sparse_inference, "sweep_walltime": section_sweep_walltime}
     for study in STUDY_ORDER:
         for payload in data.get(study, []):
             if study == "update" and report_gpu.on_accelerator(payload):
