@@ -13,8 +13,8 @@ STAMP := $(VENV)/.installed
 ACCELS := cpu cuda12 cuda13
 VENV_ACCEL := $(or $(shell cat $(VENV)/.accelerator 2>/dev/null),cpu)
 ACCEL ?= $(VENV_ACCEL)
-ifeq ($(filter $(ACCEL),$(ACCELS)),)
-$(error ACCEL: unknown accelerator '$(ACCEL)' (allowed: cpu, cuda12, cuda13))
+ifneq ($(words $(ACCEL)):$(filter $(ACCELS),$(ACCEL)),1:$(strip $(ACCEL)))  # one known word, nothing beside it
+$(error ACCEL: unknown accelerator '$(ACCEL)' (allowed: one of cpu, cuda12, cuda13))
 endif
 LOCK := $(if $(filter cpu,$(ACCEL)),requirements.lock,requirements-$(ACCEL).lock)
 # PyTorch for the speed studies' baselines, after the lock: cpu, the local CPU wheel (never the multi-GB CUDA build

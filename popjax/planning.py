@@ -274,6 +274,8 @@ class RunPlan:
 
 
 def _bytes(leaf) -> int:
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):  # a typed key (jumanji keeps one in its env state)
+        leaf = jax.eval_shape(jax.random.key_data, leaf)
     return math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
 
 

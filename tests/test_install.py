@@ -61,10 +61,12 @@ def test_the_default_is_cpu_and_a_bad_accelerator_is_one_line(tmp_path):
     commands = make_n("install", venv=tmp_path / "venv")
     assert "pip install -q -r requirements.lock" in commands.stdout and "torch==2.13.0+cpu" in commands.stdout
     assert f"echo cpu > {tmp_path / 'venv'}/.accelerator" in commands.stdout
-    bad = make_n("install", "ACCEL=rocm", venv=tmp_path / "venv")
-    assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.strip().count("\n") == 0
-    assert "ACCEL: unknown accelerator 'rocm' (allowed: cpu, cuda12, cuda13)" in bad.stderr
+    # a known word beside another (its recipe starts by removing the environment) is refused like an unknown one
+    for accel in ("rocm", "cpu bogus", "cuda12 cpu", " "):
+        bad = make_n("install", f"ACCEL={accel}", venv=tmp_path / "venv")
+        assert bad.returncode == 2 and bad.stdout == "" and "rm -rf" not in bad.stdout
+        assert bad.stderr.strip().count("\n") == 0
+        assert f"ACCEL: unknown accelerator '{accel.strip()}' (allowed: one of cpu, cuda12, cuda13)" in bad.stderr
 
 
 def _installed(venv: Path, accel: str | None) -> None:

@@ -36,6 +36,27 @@ class JaxEnv(NamedTuple):
     keyed: bool = False
 
 
+def keys_as_data(env: JaxEnv) -> JaxEnv:
+    """``env`` with the PRNG keys its own state keeps (jumanji's, craftax's) held as raw key data (uint32), and
+    rewrapped for the env's step: a checkpoint refuses typed keys, and the env state is checkpointed with the run."""
+    template = jax.eval_shape(env.reset, jax.random.key(0))[0]
+    is_key = jax.tree.map(lambda x: jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key), template)
+    if not any(jax.tree.leaves(is_key)):
+        return env
+    as_data = lambda state: jax.tree.map(lambda x, k: jax.random.key_data(x) if k else x, state, is_key)
+    as_keys = lambda state: jax.tree.map(lambda x, k: jax.random.wrap_key_data(x) if k else x, state, is_key)
+
+    def reset(key):
+        state, obs = env.reset(key)
+        return as_data(state), obs
+
+    def step(state, *args):
+        out = env.step(as_keys(state), *args)
+        return (as_data(out[0]),) + tuple(out[1:])
+
+    return env._replace(reset=reset, step=step)
+
+
 def to_native(spec: EnvSpec, action: jax.Array):
     """Maps a learner action in [-1, 1] to the env's native bounds (identity if discrete)."""
     if spec.discrete:

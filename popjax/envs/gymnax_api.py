@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from popjax.envs.base import JaxEnv
+from popjax.envs.base import JaxEnv, keys_as_data
 from popjax.types import EnvSpec
 
 INSTALL = 'pip install "popjax[gymnax]" && pip install --no-deps gymnax==1.0.1'
@@ -108,7 +108,7 @@ def gymnax_api_env(spec: EnvSpec, env, params, step_params=None,
         return (new_state, flat_obs(obs), jnp.asarray(reward, jnp.float32), jnp.asarray(terminated, bool),
                 jnp.asarray(truncated(new_state), bool))
 
-    return JaxEnv(spec, reset, step, keyed=True)
+    return keys_as_data(JaxEnv(spec, reset, step, keyed=True))
 
 
 def _make(env_id: str):

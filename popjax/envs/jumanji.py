@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from popjax.envs.base import JaxEnv
+from popjax.envs.base import JaxEnv, keys_as_data
 from popjax.types import EnvSpec
 
 INSTALL = 'pip install "popjax[jumanji]"'
@@ -116,4 +116,4 @@ def make_env(env_id: str) -> JaxEnv:
         return ((new_state, t), flat_obs(timestep.observation), jnp.asarray(timestep.reward, jnp.float32),
                 terminated, last & ~terminated)
 
-    return JaxEnv(spec, reset, step)
+    return keys_as_data(JaxEnv(spec, reset, step))  # jumanji keeps its key in its state

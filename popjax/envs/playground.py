@@ -22,7 +22,7 @@ import io
 import jax
 import jax.numpy as jnp
 
-from popjax.envs.base import JaxEnv
+from popjax.envs.base import JaxEnv, keys_as_data
 from popjax.types import EnvSpec
 
 INSTALL = 'pip install "popjax[playground]"'
@@ -88,4 +88,4 @@ def make_env(env_id: str) -> JaxEnv:
         new = jax.tree.map(lambda a, b: jnp.asarray(a, b.dtype), new, state)  # the reset state's dtypes
         return new, _obs(new.obs), new.reward, new.done > 0.5
 
-    return JaxEnv(spec, reset, step)
+    return keys_as_data(JaxEnv(spec, reset, step))  # playground keeps its key in info['rng']
