@@ -52,7 +52,7 @@ def test_ppo_learns_breakout_minatar(tmp_path):
 
 def kill_and_resume(tmp_path, options: dict, past_checkpoint: int):
     """Trains ``options`` uninterrupted, then in a child process killed with SIGKILL once a checkpoint past
-    ``past_checkpoint`` env steps exists, resumes the killed run: it must equal the uninterrupted one."""
+    ``past_checkpoint`` iterations exists, resumes the killed run: it must equal the uninterrupted one."""
     jax.config.update("jax_disable_most_optimizations", False)  # as in the child process
     full = popjax.train(out_dir=tmp_path / "full", **options)
     out, script = tmp_path / "killed", tmp_path / "child.py"
@@ -88,7 +88,7 @@ def test_a_family_run_trains_300_iterations_and_resumes_exactly_after_sigkill(en
     options = dict(learner="ppo", env=env, pop_size=2, envs_per_member=4, rollout_len=16, seed=3,
                    total_env_steps=300 * 64, eval_interval=100 * 64, eval_episodes=1, checkpoint_interval=20 * 64,
                    learner_config={"hidden": [64, 64], "epochs": 1, "minibatches": 2}, progress=False)
-    full = kill_and_resume(tmp_path, options, past_checkpoint=150 * 64)
+    full = kill_and_resume(tmp_path, options, past_checkpoint=150)
     assert full.summary["updates"] == 300 * 2
 
 
