@@ -200,8 +200,7 @@ def resume(run_dir: str | Path, *, compile_cache: str | Path | None = None, **ov
             restored = loop.restore_checkpoint()
         except CheckpointMismatch as err:
             loop.checkpointer.close()
-            raise ConfigError(f"resume: the checkpoints of {rd.path} do not fit this configuration ({err}); "
-                              "nothing was changed") from None
+            raise ConfigError(_why_no_fit(rd.path, err, config, (meta or {}).get("config", {}))) from None
         damaged = loop.checkpointer.damaged()
         if restored is None and damaged:
             loop.checkpointer.close()
@@ -280,6 +279,17 @@ def _use_compile_cache(setting: str | Path | None, run_dir: Path) -> None:
         compile_cache.enable(setting, run_dir)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def _why_no_fit(path: Path, err: CheckpointMismatch, config: RunConfig, saved: dict[str, Any]) -> str:
+    """One line: checkpoints whose shapes the resumed configuration changed, naming the extended budget when that is
+    the cause (a learner may size its state by the run's length: MEMR's model buffer)."""
+    before = saved.get("total_env_steps")
+    if before is not None and before != config.total_env_steps:
+        return (f"resume: total_env_steps: extending {path} from {before} to {config.total_env_steps} env steps "
+                f"changes the shapes of its {config.learner} state, sized by the run's length ({err}); nothing was "
+                f"changed (allowed: total_env_steps {before} for this run; train a new run for a longer budget)")
+    return f"resume: the checkpoints of {path} do not fit this configuration ({err}); nothing was changed"
 
 
 def _check_same_processes(meta: dict[str, Any], path: Path, checkpointer: Checkpointer) -> None:

@@ -539,3 +539,26 @@ def test_cli_refuses_bad_memr_input_in_one_line_with_exit_2(argv, message, capsy
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and message in err, err
     assert not out.exists()
+
+
+@pytest.mark.long
+def test_extending_a_memr_run_that_sizes_its_model_buffer_by_the_budget_is_refused_in_one_line(tmp_path):
+    # issue 49: the model buffer holds at most one segment per update of the run (total_env_steps x update_ratio),
+    # so a longer budget changes its shape; the resume says so in one line and changes nothing
+    from rundir_helpers import snapshot
+
+    import popjax
+
+    cfg = dict(learner="memr_sac", env="probe:pendulum", pop_size=1, total_env_steps=300, warmup_steps=100,
+               eval_interval=100, eval_episodes=1, batch_size=16, buffer_size=500, rollout_len=50, progress=False,
+               learner_config={"hidden": [8, 8], "model_hidden": [8, 8], "psi_hidden": [8, 8], "ensemble": 2,
+                               "elites": 1, "sac_batch": 16, "model_buffer": 100_000})
+    out = popjax.train(out_dir=tmp_path / "run", **cfg).out_dir
+    before = snapshot(out)
+    with pytest.raises(popjax.ConfigError) as err:
+        popjax.resume(out, total_env_steps=600)
+    message = str(err.value)
+    assert message.startswith(f"resume: total_env_steps: extending {out} from 300 to 600 env steps changes the "
+                              "shapes of its memr_sac state") and "\n" not in message
+    assert message.endswith("(allowed: total_env_steps 300 for this run; train a new run for a longer budget)")
+    assert snapshot(out) == before
