@@ -197,3 +197,16 @@ def test_population_equals_each_member_alone(pop):
         alone = jax.jit(update)(update_keys[m], take(states), take(batches), take(hps))[0]
         for a, b in zip(jax.tree.leaves(take(together)), jax.tree.leaves(alone), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_cdq_mixes_the_smaller_twins_target_and_each_twins_own():
+    """Cross-entropy is linear in its target, so the critic loss at cdq 0.5 is the mean of the losses at 0 and 1;
+    and 0 and 1 differ (the twins' targets differ)."""
+    learner = fast_td3.make_fast_td3(TINY, SPEC)
+    base = fast_td3.default_hparams(TINY).replace(v_min=jnp.float32(-2.0), v_max=jnp.float32(2.0))
+    state = learner.init(jax.random.key(0), base)
+    batch = _batch(jax.random.key(1))
+    loss = {c: float(one_update(learner)(jax.random.key(2), state, batch, base.replace(cdq=jnp.float32(c)))[1]
+                     ["critic_loss"]) for c in (0.0, 0.5, 1.0)}
+    assert loss[0.0] != pytest.approx(loss[1.0], rel=1e-4)
+    assert loss[0.5] == pytest.approx((loss[0.0] + loss[1.0]) / 2, rel=1e-5)

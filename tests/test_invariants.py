@@ -97,6 +97,7 @@ LEARNER_CONFIG: dict[str, dict[str, Any]] = {
                  "buffer_min": 50, "buffer_threshold": 1e-9, "buffer_oldest": 16},
     "rlx2_sac": {"dst_interval": 10, "n_step": 2, "n_step_start": 10, "buffer_check_interval": 20,
                  "buffer_min": 50, "buffer_threshold": 1e-9, "buffer_oldest": 16},
+    "fast_td3": {"critic_hidden": [8], "actor_hidden": [8], "num_atoms": 5, "n_step": 2},
     "memr_sac": {"model_buffer": 16, "sac_batch": 8, "ensemble": 2, "elites": 1, "model_hidden": [8],
                  "psi_hidden": [8], "model_steps": 1, "psi_epochs": 1, "real_ratio": 0.25, "priority_lag": 5},
 }

@@ -3,10 +3,11 @@
 What differs from ``td3``: twin categorical critics (C51, ``num_atoms`` fixed atoms on ``[v_min, v_max]``,
 per-member traced hparams, so PBT can tune the value support) trained by cross-entropy toward the categorical
 projection of the n-step target; clipped double Q picks, per sample, the twin whose projected target has the lower
-expected value, and the actor maximises the mean over the batch of the twins' smaller expected value (their mean
-with ``cdq`` 0); the target action comes from the online actor (FastTD3 keeps no target actor); the target critic
-follows every update; AdamW with a traced weight decay; running observation statistics in the state (``observe``);
-and one exploration std per env, drawn in ``[std_min, std_max]`` and redrawn when that env's episode ends.
+expected value, and the actor maximises the mean over the batch of the twins' smaller expected value (``cdq`` 1;
+``cdq`` 0: each twin learns its own target and the actor their mean; between, a mix); the target action comes from
+the online actor (FastTD3 keeps no target actor); the target critic follows every update; AdamW with a traced weight
+decay; running observation statistics in the state (``observe``); and one exploration std per env, drawn in
+``[std_min, std_max]`` and redrawn when that env's episode ends.
 
 ``num_updates`` is a traced integer: of the run's K update slots per training call (the compiled maximum), a member
 applies its first ``num_updates`` and skips the rest (the skipped slots still run, masked), so PBT tunes the update
@@ -16,6 +17,7 @@ ratio without recompiling; with ``num_updates >= K`` every slot applies.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -78,8 +80,8 @@ class FastTD3HParams:
     policy_delay: jax.Array = hparam("critic updates per actor update (int32)", ge=1, le=1_000_000, integer=True)
     num_updates: jax.Array = hparam("update slots applied per training call (int32; at most the run's updates per "
                                     "call)", ge=1, le=1_000_000, integer=True)
-    cdq: jax.Array = hparam("clipped double Q: 1 the smaller twin, 0 the twins' mean (int32)", ge=0, le=1,
-                            integer=True)
+    cdq: jax.Array = hparam("weight of clipped double Q: 1 both twins learn the smaller twin's target and the actor "
+                            "its value (FastTD3's use_cdq), 0 each twin its own and the actor their mean", ge=0, le=1)
 
 
 @struct.dataclass
@@ -110,7 +112,7 @@ def default_hparams(config: FastTD3Config | None = None) -> FastTD3HParams:
         actor_lr=scalar(3e-4), critic_lr=scalar(3e-4), weight_decay=scalar(0.1), discount=scalar(0.97),
         tau=scalar(0.1), std_min=scalar(0.001), std_max=scalar(0.4), target_noise=scalar(0.001),
         noise_clip=scalar(0.5), v_min=scalar(-10.0), v_max=scalar(10.0), policy_delay=scalar(2, jnp.int32),
-        num_updates=scalar(1_000_000, jnp.int32), cdq=scalar(1, jnp.int32))
+        num_updates=scalar(1_000_000, jnp.int32), cdq=scalar(1.0))
 
 
 # --- the categorical (C51) pieces -------------------------------------------------------------------------------
@@ -203,8 +205,7 @@ def make_fast_td3(config: FastTD3Config, spec: EnvSpec) -> Learner:
             next_probs, returns, bootstrap, hp.v_min, hp.v_max)
         values = expected_value(projected, hp.v_min, hp.v_max)  # [2, B]
         smaller = jnp.where((values[0] < values[1])[:, None], projected[0], projected[1])
-        # cdq 0: each twin learns toward its own projected target
-        return jax.lax.stop_gradient(jnp.where(hp.cdq > 0, smaller[None], projected))
+        return jax.lax.stop_gradient(hp.cdq * smaller[None] + (1.0 - hp.cdq) * projected)
 
     def critic_loss(critic: PyTree, obs: jax.Array, action: jax.Array, target: jax.Array):
         """The twins' summed cross-entropy to their targets, each averaged over the batch; also ``E[Z] [2, B]``."""
@@ -215,7 +216,7 @@ def make_fast_td3(config: FastTD3Config, spec: EnvSpec) -> Learner:
     def actor_loss(actor: PyTree, critic: PyTree, obs: jax.Array, hp: FastTD3HParams):
         probs = jax.nn.softmax(critic_net.apply(critic, obs, actor_net.apply(actor, obs)), axis=-1)
         values = expected_value(probs, hp.v_min, hp.v_max)  # [2, B]
-        return -jnp.where(hp.cdq > 0, values.min(axis=0), values.mean(axis=0)).mean()
+        return -(hp.cdq * values.min(axis=0) + (1.0 - hp.cdq) * values.mean(axis=0)).mean()
 
     def update(key: Key, state: FastTD3State, batch: Transition | Windows, weights: None, hp: FastTD3HParams):
         del weights  # no source weights this learner's losses (priorities: none returned)
@@ -240,10 +241,12 @@ def make_fast_td3(config: FastTD3Config, spec: EnvSpec) -> Learner:
         return new_state, metrics, None
 
     def explore(key: Key, state: FastTD3State, obs: jax.Array, hp: FastTD3HParams):
-        """Actions for one member's envs ``obs [envs, ...]``: each env's own std (``noise_level``)."""
+        """Actions for one member's envs ``obs [envs, ...]``: each env's own std (``noise_level``); any other batch
+        of observations (an unbatched one: env 0's) takes the stds of env ``i mod envs`` in order."""
         mean = actor_net.apply(state.actor, norm_obs(state.obs_norm, obs))
-        std = hp.std_min + state.noise_level * (hp.std_max - hp.std_min)
-        std = std.reshape(std.shape + (1,) * (mean.ndim - std.ndim))
+        batch = mean.shape[:-1]
+        level = state.noise_level[jnp.arange(math.prod(batch)) % config.envs_per_member].reshape(batch + (1,))
+        std = hp.std_min + level * (hp.std_max - hp.std_min)
         return jnp.clip(mean + std * jax.random.normal(key, mean.shape), -1.0, 1.0), None
 
     def policy(state: FastTD3State, obs: jax.Array) -> jax.Array:
