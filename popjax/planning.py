@@ -65,11 +65,11 @@ def parse_flops(value: Any, field: str = "peak_flops") -> float:
 
 
 def size(n: float) -> str:
-    """Bytes for people: ``134.1 GB`` (powers of 1024, as the memory checks always printed them)."""
+    """Bytes for people: ``141.0 GB`` (powers of 1000, as ``device_memory`` reads them and GPU makers count)."""
     for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(n) < 1024 or unit == "PB":
+        if abs(n) < 1000 or unit == "PB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        n /= 1000
     raise AssertionError
 
 

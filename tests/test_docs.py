@@ -45,6 +45,10 @@ RUN_BY = {
     ("docs/tuning.md", "Sweeps", 0): "test_sweeps.py::test_the_guide_sweep_commands_run",
     ("docs/tuning.md", "Sweeps", 1): "test_sweeps.py::test_the_guide_sweep_commands_run",
     ("docs/tuning.md", "Sweeps", 2): "test_sweeps.py::test_the_guide_sweep_commands_run",
+    ("docs/planning.md", "Planning a run: memory and work before anything runs", 0):
+        "test_planning.py::test_the_guide_plan_examples_print_what_they_show",
+    ("docs/planning.md", "A run that cannot fit", 0):
+        "test_planning.py::test_the_guide_plan_examples_print_what_they_show",
     ("docs/errors.md", "Bad input", 0): "test_docs.py::test_the_bad_input_examples_are_one_line_and_write_nothing",
     ("docs/errors.md", "Bad input", 1): "test_docs.py::test_the_config_error_example_prints_its_line",
     ("docs/extending.md", "Writing a learner", 0): "test_contracts.py::test_the_guide_learner_and_source_train",

@@ -5,6 +5,8 @@ nothing written, at about the largest value that fits."""
 from __future__ import annotations
 
 import math
+import re
+import shlex
 
 import jax
 import jax.numpy as jnp
@@ -184,4 +186,25 @@ def test_peak_flops_is_checked_and_only_with_plan(tmp_path, monkeypatch, capsys)
     assert planning.parse_flops("989T") == 989e12 and planning.parse_flops(4.5e11) == 4.5e11
     with pytest.raises(ConfigError, match=r"^peak_flops: "):
         planning.parse_flops("fast")
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_guide_plan_examples_print_what_they_show(tmp_path, monkeypatch, capsys):
+    """docs/planning.md: the plan of "Planning a run: memory and work before anything runs" prints the parts it
+    shows (its figures depend on the machine), and "A run that cannot fit" prints its line exactly; nothing written."""
+    from docs_blocks import block
+
+    def argv(example):  # the block's first line; the others are what it prints
+        return shlex.split(example.text.splitlines()[0].removeprefix("$ popjax "))
+
+    monkeypatch.chdir(tmp_path)
+    shown = block("docs/planning.md", "Planning a run: memory and work before anything runs", 0)
+    assert cli.main(argv(shown)) == 0
+    printed = capsys.readouterr().out.splitlines()
+    expected = shown.text.splitlines()[1:]
+    figures = lambda line: re.sub(r"[\d.]+(e[+-]?\d+)?( [KMGTP]?B)?", "#", " ".join(line.split()))  # noqa: E731
+    assert [figures(line) for line in printed] == [figures(line) for line in expected]
+    refused = block("docs/planning.md", "A run that cannot fit", 0)
+    assert cli.main(argv(refused)) == 2
+    assert capsys.readouterr().err == refused.text.splitlines()[1] + "\n"
     assert not list(tmp_path.iterdir())
