@@ -110,7 +110,20 @@ RUN = dict(learner="spread_td3", env="probe:pendulum", total_env_steps=400, roll
 ])
 @pytest.mark.long
 def test_the_wrapper_trains_under_independent_and_pbt(registered, tmp_path, driver, extra):
-    run = popjax.train(driver=driver, out_dir=tmp_path / driver, **RUN, **extra)
+    after_eval = []  # the state right after each evaluation's driver step (PBT: after its exploit), copied to the host
+
+    def observe(name, program):
+        if name != "after_eval":
+            return program
+
+        def call(*args):
+            out = program(*args)
+            after_eval.append(jax.device_get(out[0]))
+            return out
+
+        return call
+
+    run = popjax.train(driver=driver, out_dir=tmp_path / driver, instrument=observe, **RUN, **extra)
     pop = extra["pop_size"]
     assert np.isfinite(run.summary["final_returns"]).all() and len(run.summary["final_returns"]) == pop
     buffer = run.state.buffer
@@ -120,5 +133,18 @@ def test_the_wrapper_trains_under_independent_and_pbt(registered, tmp_path, driv
         assert size == 400 and (stored >= 0).all()
         written = stored > 0  # sampled rows got the statistic written back; never-sampled rows keep 0
         assert 0 < written.sum() < size, (m, written.sum())
-    if driver == "pbt":  # an exploit round replaced a member (its replay's statistic was recomputed)
-        assert run.summary["lineage"], "no exploit round ran"
+    if driver == "pbt":  # an exploit round replaced a member: its replay's statistic was recomputed
+        replaced = [entry["member"] for entry in run.summary["lineage"] if entry["env_steps"] == 200]
+        assert replaced, "no exploit at the first evaluation"
+        state = after_eval[0]  # after the exploit at 200 env steps, before any later update wrote back
+        core = td3.td3_core(td3.TD3Config(hidden=(16,), batch_size=16), env_spec("probe:pendulum"))
+        for m in range(pop):
+            size = int(state.buffer.size[m])
+            rows = jax.tree.map(lambda x: np.asarray(x[m])[:size], state.buffer.data)
+            stored = rows.extras[FIELD]
+            expected = np.asarray(spread(core, jax.tree.map(lambda x: x[m], state.learner), rows))
+            if m in replaced:  # every row, sampled or not, holds the new critics' disagreement
+                np.testing.assert_allclose(stored, expected, rtol=1e-5, atol=1e-6)
+                assert (stored > 0).all()
+            else:  # a member kept: its rows hold what earlier critics wrote back when they were sampled
+                assert not np.allclose(stored, expected, rtol=1e-5, atol=1e-6)
