@@ -98,4 +98,8 @@ def test_packed_loop_equals_the_pytree_loop_leaf_for_leaf(learner, monkeypatch):
     tree, tree_arguments = train(learner, False, monkeypatch)
     assert_same_leaves(packed.state, tree.state)
     assert packed.summary["final_returns"] == tree.summary["final_returns"]
-    assert packed_arguments <= 3 + 2 * 4 < tree_arguments  # 3 keys, a few buffers each for state and env state
+    # 3 keys, a few buffers each for the state and env state, and the leaves over 32 KiB (MEMR's default 256-wide
+    # networks) whole: a fraction of the pytrees' leaves
+    assert packed_arguments < tree_arguments / 4
+    if learner != "memr_sac":  # 16-wide networks: every leaf packed
+        assert packed_arguments <= 3 + 2 * 4
