@@ -424,12 +424,14 @@ def train_on_with_changed_hparams(learner: str, options: dict[str, Any], compile
     try:
         state, env_state = loop.initial_state()
         state, env_state, _ = loop.step(state, env_state)
+        state, env_state = loop.unpacked(state), loop.unpacked(env_state)  # the JAX path may keep them packed
         changed = changed_hparams(learner, state.hparams)
         expected = hparams_table(changed)
         state = state.replace(hparams=changed)
         before = jax.device_get(state.learner)
         for _ in range(2):
             state, env_state, _ = loop.step(state, env_state)
+        state = loop.unpacked(state)
         assert hparams_table(state.hparams) == expected
         assert float_leaves_differ(jax.device_get(state.learner), before)
         assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state.learner))
