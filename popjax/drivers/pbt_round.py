@@ -156,9 +156,6 @@ def initial_hparams(key: Key, hparams, space: Mapping[str, Range], keep: set[str
     return constraints.enforce(jax.random.fold_in(key, 1 << 20), hparams, fallback, space, config.constraints)
 
 
-
-
-# --- the driver ----------------------------------------------------------------------------------
 @struct.dataclass
 class PBTRecord:
     """PBT's variables in the state (replicated; tiny)."""
