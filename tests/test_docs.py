@@ -29,7 +29,8 @@ RUN_BY = {
     ("README.md", "Quickstart", 0): "test_readme.py::test_the_python_example_runs",
     ("README.md", "Quickstart", 1): "test_readme.py::test_the_cli_examples_run_in_order",
     ("docs/runs.md", "From Python", 0): "test_docs.py::test_the_python_run_example",
-    ("docs/large-batch.md", "Plan before you compile", 0): "test_fast_td3_runs.py::test_the_guide_plans_without_writing",
+    ("docs/large-batch.md", "Plan before you compile", 0):
+        "test_fast_td3_runs.py::test_the_guide_plans_without_writing",
     ("docs/runs.md", "From the CLI, and YAML files", 0): "test_docs.py::test_the_cli_block_runs",  # the YAML file
     ("docs/learners.md", "RLx2: sparse training, and exporting sparse actors", 1):
         "test_docs.py::test_the_cli_block_runs",

@@ -23,7 +23,7 @@ LAYERS = [
     ("popjax.learners",),
     ("popjax.drivers",),
     ("popjax.loop", "popjax.presets", "popjax.planning"),
-    ("popjax.resolve", "popjax.experiment", "popjax.export", "popjax.comparison"),
+    ("popjax.resolve", "popjax.experiment", "popjax.export", "popjax.comparison", "popjax.sweeps"),
     ("popjax.cli", "popjax.__main__", "popjax"),
 ]
 
