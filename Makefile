@@ -14,7 +14,7 @@ ACCELS := cpu cuda12 cuda13
 VENV_ACCEL := $(or $(shell cat $(VENV)/.accelerator 2>/dev/null),cpu)
 ACCEL ?= $(VENV_ACCEL)
 ifneq ($(words $(ACCEL)):$(filter $(ACCELS),$(ACCEL)),1:$(strip $(ACCEL)))  # one known word, nothing beside it
-$(error ACCEL: unknown accelerator '$(ACCEL)' (allowed: one of cpu, cuda12, cuda13))
+$(error ACCEL: unknown accelerator '$(ACCEL)' (allowed: cpu, cuda12, cuda13))
 endif
 LOCK := $(if $(filter cpu,$(ACCEL)),requirements.lock,requirements-$(ACCEL).lock)
 # PyTorch for the speed studies' baselines, after the lock: cpu, the local CPU wheel (never the multi-GB CUDA build

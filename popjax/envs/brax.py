@@ -10,21 +10,9 @@ it is reported as ``terminated``.
 Actions: brax envs take actions in [-1, 1] (they map them to actuator ranges internally), so
 the spec's native bounds are -1..1 and ``to_native`` is the identity.
 
-Backend: brax 0.14.2's envs default to ``'generalized'``. On CPU we measured halfcheetah with
-16 envs (a 100-step scanned rollout; 2-core machine shared with other jobs, so wall times are
-inflated and only the ratios are meaningful):
-
-=============  ===============================  ============================================
-backend        raw brax env: compile / steps/s  ``make_vec_env``: compile (CPU s) / steps/s
-=============  ===============================  ============================================
-generalized    ~26 s / ~1.4k                    ~63 s / ~0.7k
-positional     ~40 s / ~1.5k                    --
-spring         ~23 s / ~4.6k                    ~47 s / ~3.0k
-mjx            ~79 s / ~0.8k                    --
-=============  ===============================  ============================================
-
-``DEFAULT_BACKEND = 'spring'`` is the fastest to both compile and run on CPU (swimmer only
-supports ``'generalized'``, and fails to trace under jax 0.10, so the registry leaves it out).
+Backend: brax 0.14.2's envs default to ``'generalized'``; ``DEFAULT_BACKEND`` is ``'spring'``, the fastest to
+compile and run on a CPU (the measurement is in docs/environments.md). Swimmer only supports ``'generalized'``,
+and fails to trace under jax 0.10, so the registry leaves it out.
 ``inverted_pendulum`` defaults to ``'generalized'``: its spring model cannot be balanced by
 the linear controllers that balance the rigid one (see ``_PREFERRED_BACKENDS``). Any env takes
 another backend with a suffix: ``brax:halfcheetah@generalized``.
