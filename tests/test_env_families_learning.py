@@ -4,17 +4,9 @@ gymnax env. docs/environments.md quotes the thresholds."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-
 import jax
 import pytest
-from learner_helpers import assert_trees_equal, use_shared_xla_cache
-from test_resume import CHILD, ROOT, metric_rows
+from test_resume import kill_and_resume
 
 import popjax
 
@@ -50,33 +42,6 @@ def test_ppo_learns_breakout_minatar(tmp_path):
     assert run.summary["best_return"] >= MINATAR_SCORE
 
 
-def kill_and_resume(tmp_path, options: dict, past_checkpoint: int):
-    """Trains ``options`` uninterrupted, then in a child process killed with SIGKILL once a checkpoint past
-    ``past_checkpoint`` iterations exists, resumes the killed run: it must equal the uninterrupted one."""
-    jax.config.update("jax_disable_most_optimizations", False)  # as in the child process
-    full = popjax.train(out_dir=tmp_path / "full", **options)
-    out, script = tmp_path / "killed", tmp_path / "child.py"
-    script.write_text(CHILD)
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with (tmp_path / "child.log").open("w") as log:
-        child = subprocess.Popen([sys.executable, str(script), str(out), json.dumps(options), use_shared_xla_cache()],
-                                 env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline and child.poll() is None:
-            steps = [int(p.name) for p in (out / "checkpoints").glob("*") if p.name.isdigit()]
-            if steps and max(steps) > past_checkpoint:
-                break
-            time.sleep(0.05)
-        assert child.poll() is None, (tmp_path / "child.log").read_text()[-2000:]
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait() == -signal.SIGKILL
-    assert not (out / "summary.json").exists()
-    run = popjax.experiment.resume(out)
-    for field in ("final_returns", "best_return", "env_steps", "updates"):
-        assert run.summary[field] == full.summary[field], field
-    assert_trees_equal(run.state, full.state)
-    assert metric_rows(out) == metric_rows(full.out_dir)
-    return full
 
 
 @pytest.mark.slow
@@ -88,7 +53,7 @@ def test_a_family_run_trains_300_iterations_and_resumes_exactly_after_sigkill(en
     options = dict(learner="ppo", env=env, pop_size=2, envs_per_member=4, rollout_len=16, seed=3,
                    total_env_steps=300 * 64, eval_interval=100 * 64, eval_episodes=1, checkpoint_interval=20 * 64,
                    learner_config={"hidden": [64, 64], "epochs": 1, "minibatches": 2}, progress=False)
-    full = kill_and_resume(tmp_path, options, past_checkpoint=150)
+    full, _ = kill_and_resume(tmp_path, options, past_checkpoint=150)
     assert full.summary["updates"] == 300 * 2
 
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
@@ -17,14 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from learner_helpers import use_shared_xla_cache
-from test_resume import CHILD, metric_rows
+from test_resume import kill_and_resume
 
 import popjax
 from popjax.buffers.uniform import make_uniform_buffer
 from popjax.drivers.pbt_options import PBTConfig
 from popjax.drivers.pbt_round import exploit_and_explore
-from popjax.experiment import resume
 from popjax.learners import fast_td3
 from popjax.population.hparams import Range
 from popjax.types import EnvSpec, Transition
@@ -89,29 +85,9 @@ def test_pbt_over_fast_td3_exploits_and_keeps_the_members_apart(tmp_path):
 def test_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path):
     options = {**SMALL, "driver": "pbt", "pop_size": 2, "pbt": {"interval": 400, "quantile": 0.5},
                "checkpoint_interval": 100}
-    reference = popjax.train(out_dir=tmp_path / "reference", **options)
-    out, script = tmp_path / "killed", tmp_path / "child.py"
-    script.write_text(CHILD)
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with (tmp_path / "child.log").open("w") as log:
-        child = subprocess.Popen([sys.executable, str(script), str(out), json.dumps(options), use_shared_xla_cache()],
-                                 env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and child.poll() is None:
-            steps = [int(p.name) for p in (out / "checkpoints").glob("*") if p.name.isdigit()]
-            if steps and max(steps) >= 35:  # past the first exploit (iteration 20 of 60)
-                break
-            time.sleep(0.02)
-        assert child.poll() is None, (tmp_path / "child.log").read_text()[-2000:]
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait() == -signal.SIGKILL
-    assert not (out / "summary.json").exists()
-    run = resume(out)
-    for field in ("final_returns", "env_steps", "updates", "hparams", "lineage"):
-        assert run.summary[field] == reference.summary[field], field
-    for a, b in zip(jax.tree.leaves(run.state), jax.tree.leaves(reference.state), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert metric_rows(run.out_dir) == metric_rows(reference.out_dir)
+    full, run = kill_and_resume(tmp_path, options, past_checkpoint=35)  # past the first exploit (iteration 20)
+    assert run.summary["hparams"] == full.summary["hparams"] and run.summary["lineage"] == full.summary["lineage"]
+    assert full.summary["lineage"]
 
 
 @pytest.mark.slow

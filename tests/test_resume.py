@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from learner_helpers import use_shared_xla_cache
+from learner_helpers import assert_trees_equal, use_shared_xla_cache
 
 import popjax
 from popjax.checkpoint import Checkpointer, CheckpointWarning
@@ -42,6 +42,36 @@ def slow_step(self, *args):  # slow enough to be killed mid-run
 Loop.step = slow_step
 popjax.train(out_dir=sys.argv[1], **json.loads(sys.argv[2]))
 """
+
+
+def kill_and_resume(tmp_path, options: dict, past_checkpoint: int):
+    """Trains ``options`` uninterrupted, then in a child process killed with SIGKILL once a checkpoint past
+    ``past_checkpoint`` iterations exists, resumes the killed run: it must equal the uninterrupted one (summary,
+    every leaf of the state, the metrics rows). Returns ``(uninterrupted run, resumed run)``."""
+    jax.config.update("jax_disable_most_optimizations", False)  # as in the child process
+    full = popjax.train(out_dir=tmp_path / "full", **options)
+    out, script = tmp_path / "killed", tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with (tmp_path / "child.log").open("w") as log:
+        child = subprocess.Popen([sys.executable, str(script), str(out), json.dumps(options), use_shared_xla_cache()],
+                                 env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and child.poll() is None:
+            steps = [int(p.name) for p in (out / "checkpoints").glob("*") if p.name.isdigit()]
+            if steps and max(steps) > past_checkpoint:
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, (tmp_path / "child.log").read_text()[-2000:]
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait() == -signal.SIGKILL
+    assert not (out / "summary.json").exists()
+    run = resume(out)
+    for field in ("final_returns", "best_return", "env_steps", "updates"):
+        assert run.summary[field] == full.summary[field], field
+    assert_trees_equal(run.state, full.state)
+    assert metric_rows(out) == metric_rows(full.out_dir)
+    return full, run
 
 
 @pytest.fixture(scope="module")
