@@ -158,7 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
                             "the independent driver's schedule option")
     train.add_argument("--overwrite", action="store_true",
                        help="replace the run in --out (only a directory popjax created; only its own files go)")
-
     train.add_argument("--plan", action="store_true",
                        help="print the run's memory (per member and in total: params, optimizer, replay, envs) and "
                             "work (FLOPs per iteration, predicted update time) at its real shapes, from XLA's "

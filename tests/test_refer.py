@@ -451,7 +451,7 @@ def test_pb2_proposal_reaches_the_replaced_members_ratios(driver):
     """Issue 37: under ``explore: pb2`` a replaced member's stored ratios are those of its learner state *and* the
     sigma PB2 proposed for it (written after the compiled round), not of its parent's sigma."""
     from popjax.drivers.replay import refresh_replaced
-    from popjax.experiment import build, build_learner_config
+    from popjax.experiment import build
     from popjax.registry import LEARNERS
 
     options = dict(PB2_RUN, driver=driver, env="probe:pendulum" if driver == "pbt" else "gym:Pendulum-v1")
@@ -462,6 +462,7 @@ def test_pb2_proposal_reaches_the_replaced_members_ratios(driver):
     state, env_state = loop.initial_state()
     while loop.counters(state)[0] < 80:  # past the warm-up: ratios stored by two policies
         state, env_state, _ = loop.step(state, env_state)
+    state = loop.unpacked(state)  # the JAX path keeps it packed between iterations
     before = jax.tree.map(np.asarray, state.hparams)
     state, info = loop.after_eval(state, np.arange(4.0))
     loser = np.asarray(info["loser"])
@@ -469,7 +470,7 @@ def test_pb2_proposal_reaches_the_replaced_members_ratios(driver):
     noise = np.asarray(state.hparams.exploration_noise)
     assert noise[0] != before.exploration_noise[int(info["parent"][0])]  # PB2 proposed another sigma
     definition = LEARNERS["refer_td3"]
-    learner = definition.make(build_learner_config(config, definition), loop.runner.spec)
+    learner = definition.make(loop.plan.learner_config, loop.runner.spec)
     source = make_uniform_source(config, loop.runner.spec, learner.step)
     expected = refresh_replaced(learner, source, state, jnp.asarray(loser))  # a fixed point when right
     np.testing.assert_allclose(np.asarray(state.buffer.data.extras["rho"][0]),
