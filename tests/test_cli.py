@@ -168,7 +168,7 @@ def test_popjax_alone_lists_the_commands_and_exits_2(capsys):
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
     assert captured.out == ""
-    assert lines[0] == ("popjax: error: command: missing (allowed: train, resume, plot, export, compare, "
+    assert lines[0] == ("popjax: error: command: missing (allowed: train, resume, sweep, plot, export, compare, "
                         "export-returns, pbt-schedule, bench)")
     for command, help_start in [("train", "train a population"), ("resume", "continue a killed"),
                                 ("plot", "(re)draw the plots"), ("export", "write a member's actor"),

@@ -15,7 +15,7 @@ COMMANDS = [c.argv for c in commands(CLI)]
 
 def test_the_quickstart_has_the_commands_this_test_runs():
     assert PYTHON.lang == "python" and CLI.lang == "bash"
-    assert [c[0] for c in COMMANDS] == ["train"] * 6 + ["resume", "plot", "bench"]
+    assert [c[0] for c in COMMANDS] == ["train"] * 6 + ["resume", "sweep", "plot", "bench"]
     assert "popjax.train(" in PYTHON.text
 
 

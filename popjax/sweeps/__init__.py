@@ -25,6 +25,7 @@ import yaml
 
 from popjax import compile_cache
 from popjax.config import ConfigError, RunConfig, make_config
+from popjax.drivers.independent import DEFINITION as INDEPENDENT
 from popjax.learners import LEARNERS
 from popjax.presets import apply_preset
 from popjax.rundir import RunLock
@@ -79,9 +80,9 @@ def sweep(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str |
     raw = {**_mapping(config), **options}
     given_space = raw.pop("search_space", None) or None
     space_arg = search_space if search_space is not None else given_space
-    if raw.get("driver", "independent") != "independent":
-        raise ConfigError(f"driver: a sweep trains its trials with the independent driver (allowed: independent), "
-                          f"got {raw['driver']!r}")
+    if raw.get("driver", INDEPENDENT.name) != INDEPENDENT.name:  # the population whose slots it refills
+        raise ConfigError(f"driver: a sweep trains its trials with the {INDEPENDENT.name} driver (allowed: "
+                          f"{INDEPENDENT.name}), got {raw['driver']!r}")
     learner = raw.get("learner", "td3")
     if learner not in LEARNERS:
         make_config(**raw)  # the usual one-line refusal of an unknown learner
