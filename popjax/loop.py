@@ -277,7 +277,7 @@ class Loop:
         """Whether the JAX-path iteration keeps the state and env state packed (``popjax.population.packing``): on
         one device, for a ``Rollout`` driver without maintenance (both read the state between iterations only at
         evaluations and checkpoints), when every leaf is a plain array."""
-        if isinstance(state, Packed):
+        if isinstance(state, Packed) or isinstance(env_state, Packed):
             return True
         return (self.placement.mesh is None and isinstance(self.local.interaction, Rollout)
                 and self.local.maintenance is None and packing.packable((state, env_state)))
@@ -351,7 +351,9 @@ class Loop:
         return None, self.runner.episodes(key, act, state, ids, interaction.episodes)
 
     def evaluate(self, state) -> np.ndarray:
-        """The driver's evaluation: mean deterministic return per evaluated policy (numpy)."""
+        """The driver's evaluation: mean deterministic return per evaluated policy (numpy); ``state`` may be the
+        packed one ``step`` returns."""
+        state = self.unpacked(state)
         spec, key = self.local.evaluation, self.key(KeyPurpose.EVALUATE)
         out_axes = spec.actors is None
         if self.runner.jax_path:
@@ -372,7 +374,8 @@ class Loop:
 
     def after_eval(self, state, returns: np.ndarray):
         """The driver's compiled ``after_eval`` (global: it sees every member), then the hparams its host proposes
-        (if any) written by the compiled ``set_hparams``."""
+        (if any) written by the compiled ``set_hparams``; ``state`` may be the packed one ``step`` returns."""
+        state = self.unpacked(state)
         info = None
         if self.driver.after_eval is not None:
             key = self.key(KeyPurpose.AFTER_EVAL)

@@ -414,10 +414,12 @@ def test_pbt_with_ppo_exploits_without_recompiling():
     assert state.buffer is None
     for _ in range(3):
         state, env_state, _ = loop.step(state, env_state)
+        state = loop.unpacked(state)  # the JAX path keeps the state packed between iterations
         before = hparams_table(state.hparams)
         state, info = loop.after_eval(state, np.arange(4.0))
         assert info["ready"] and hparams_table(state.hparams) != before
     state, env_state, _ = loop.step(state, env_state)
+    state = loop.unpacked(state)
     assert loop.compiler.traces["iteration"] == 1 and loop.compiler.traces["after_eval"] == 1
     assert int(state.counters.updates) == 4 * 2 * 2 and int(state.counters.env_steps) == 4 * 64
 

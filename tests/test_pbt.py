@@ -281,10 +281,12 @@ def test_no_retrace_after_exploit(monkeypatch):
     hp = jax.tree.map(np.asarray, state.hparams)
     for _ in range(3):
         state, env_state, _ = loop.step(state, env_state)
+        state = loop.unpacked(state)  # the JAX path keeps the state packed between iterations
         before = hparams_table(state.hparams)
         state, info = loop.after_eval(state, np.arange(8.0))
         assert info["ready"] and hparams_table(state.hparams) != before
     state, env_state, _ = loop.step(state, env_state)
+    state = loop.unpacked(state)
     assert len(traces) == 1 and loop.compiler.traces["iteration"] == 1 and loop.compiler.traces["after_eval"] == 1
     assert int(state.pbt.rounds) == 3
     assert jax.tree.map(lambda x: x.dtype, state.hparams) == jax.tree.map(lambda x: x.dtype, hp)

@@ -35,6 +35,7 @@ def test_prioritized_run_trains_and_priorities_change(learner):
     state, env_state = loop.initial_state()
     for _ in range(4):  # 2 warm-up iterations, then 2 of training
         state, env_state, metrics = loop.step(state, env_state)
+    state = loop.unpacked(state)  # the JAX path keeps the state packed between iterations
     assert loop.counters(state)[1] > 0
     assert np.isfinite(metrics["loss" if learner == "dqn" else "critic_loss"]).all() and (metrics["td_abs"] > 0).all()
     leaves = np.asarray(jax.vmap(lambda tree: tree_leaves(jax.tree.map(lambda x: x[0], tree), 100))(state.buffer.tree))

@@ -89,6 +89,7 @@ def test_one_replica_one_local_step_spo_dqn_per_equals_dqn_per():
     for _ in range(10):  # 4 warm-up iterations, then 6 x 10 updates
         spo_state, spo_env, spo_metrics = spo_loop.step(spo_state, spo_env)
         dqn_state, dqn_env, dqn_metrics = dqn_loop.step(dqn_state, dqn_env)
+    spo_state, dqn_state = spo_loop.unpacked(spo_state), dqn_loop.unpacked(dqn_state)  # packed between iterations
     assert int(spo_state.learner.steps[0]) == 60
     learner = spo_state.learner
     assert_trees_close(jax.tree.map(lambda x: x[:, 0], learner.params), dqn_state.learner.params, atol=1e-5)
@@ -127,6 +128,7 @@ def test_replica_r_reads_and_writes_only_bank_r(monkeypatch):
     state, env_state = loop.initial_state()
     for _ in range(8):
         state, env_state, _ = loop.step(state, env_state)
+    state = loop.unpacked(state)  # the JAX path keeps the state packed between iterations
     buffer = jax.tree.map(lambda x: x[0], state.buffer)  # member 0: data [R, rows, ...], leaves [R, K**h]
     leaves = np.asarray(buffer.tree.levels[-1])
     rows = int(buffer.size[0])
