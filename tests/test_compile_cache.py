@@ -86,8 +86,8 @@ def test_a_repeated_run_loads_its_programs_from_the_cache(tmp_path, compilers, r
 
 
 # --- issue 49: the user's settings, bad paths, damaged entries, several processes, the size limit -----------------
-JAX_OPTIONS = ("jax_compilation_cache_dir", "jax_enable_compilation_cache", "jax_persistent_cache_min_compile_time_secs",
-               "jax_compilation_cache_max_size")
+JAX_OPTIONS = ("jax_compilation_cache_dir", "jax_enable_compilation_cache",
+               "jax_persistent_cache_min_compile_time_secs", "jax_compilation_cache_max_size")
 
 
 def _jax_options() -> dict:

@@ -140,9 +140,9 @@ def test_the_wrapper_trains_under_independent_and_pbt(registered, tmp_path, driv
         core = td3.td3_core(td3.TD3Config(hidden=(16,), batch_size=16), env_spec("probe:pendulum"))
         for m in range(pop):
             size = int(state.buffer.size[m])
-            rows = jax.tree.map(lambda x: np.asarray(x[m])[:size], state.buffer.data)
+            rows = jax.tree.map(lambda x, m=m, size=size: np.asarray(x[m])[:size], state.buffer.data)
             stored = rows.extras[FIELD]
-            expected = np.asarray(spread(core, jax.tree.map(lambda x: x[m], state.learner), rows))
+            expected = np.asarray(spread(core, jax.tree.map(lambda x, m=m: x[m], state.learner), rows))
             if m in replaced:  # every row, sampled or not, holds the new critics' disagreement
                 np.testing.assert_allclose(stored, expected, rtol=1e-5, atol=1e-6)
                 assert (stored > 0).all()

@@ -63,7 +63,7 @@ def _runs(folder):
 
 
 @pytest.mark.long
-def test_a_failed_run_is_marked_failed_and_its_resume_logs_each_row_once(offline, tmp_path, monkeypatch):
+def test_a_failed_run_is_marked_failed_and_its_resume_logs_each_row_once(offline, tmp_path, monkeypatch):  # noqa: F811
     saves, save = [], Loop.save_checkpoint
 
     def failing_save(self, state, env_state):  # killed after the rows of 200 env steps, before their checkpoint
