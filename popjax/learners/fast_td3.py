@@ -208,7 +208,7 @@ def make_fast_td3(config: FastTD3Config, spec: EnvSpec) -> Learner:
         return jax.lax.stop_gradient(hp.cdq * smaller[None] + (1.0 - hp.cdq) * projected)
 
     def critic_loss(critic: PyTree, obs: jax.Array, action: jax.Array, target: jax.Array):
-        """The twins' summed cross-entropy to their targets, each averaged over the batch; also ``E[Z] [2, B]``."""
+        """The twins' summed cross-entropy to their targets, each averaged over the batch; also the logits."""
         logits = critic_net.apply(critic, obs, action)
         loss = -jnp.sum(target * jax.nn.log_softmax(logits, axis=-1), axis=-1).mean(axis=-1).sum()
         return loss, logits
@@ -219,7 +219,7 @@ def make_fast_td3(config: FastTD3Config, spec: EnvSpec) -> Learner:
         return -(hp.cdq * values.min(axis=0) + (1.0 - hp.cdq) * values.mean(axis=0)).mean()
 
     def update(key: Key, state: FastTD3State, batch: Transition | Windows, weights: None, hp: FastTD3HParams):
-        del weights  # no source weights this learner's losses (priorities: none returned)
+        del weights  # unweighted: it returns no priorities, so no source weights its samples
         first = batch.first() if isinstance(batch, Windows) else batch
         obs = norm_obs(state.obs_norm, first.obs)
         target = target_distribution(key, state, batch, hp)
