@@ -125,7 +125,6 @@ class MemorySize(Kind):
         return int(size)
 
 
-
 @schema.dataclass(what="option")
 class RunConfig:
     learner: OneOf(_learners) = Field("td3", description="the learner every member runs")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import popjax
 from popjax import cli, schema
-from popjax.config import RunConfig
+from popjax.config import MemorySize, RunConfig
 from popjax.drivers import DRIVERS
 
 FIELDS = [f.name for f in dataclasses.fields(RunConfig)]
@@ -45,6 +45,8 @@ def wrong_values(name: str):
         return always | mappings | not_a_number
     if isinstance(kind, schema.Flag):
         return always | mappings | st.integers(-5, 5) | st.text(max_size=6)
+    if isinstance(kind, MemorySize):  # a number is a size in bytes, a string may be one ("141GB")
+        return always | mappings | st.booleans() | st.sampled_from(["", "ten", "1 parsec", "GB"])
     if isinstance(kind, schema.Choices):  # a list of names is its value ([] too): lists only with a non-name in them
         allowed = set(schema.Choice(kind.values).allowed())
         non_names = nested.filter(lambda v: not (isinstance(v, str) and v in allowed))

@@ -146,11 +146,13 @@ def test_a_pruned_slot_is_refilled_in_place_with_fresh_params_and_nothing_recomp
 
     config = make_config(**opts, pop_size=2)
     learner = LEARNERS["td3"].make(make_learner_config(config), registry.env_spec("probe:pendulum"))
-    fresh = learner.init(trial_key(0, 2), None)
+    fresh = jax.jit(learner.init)(trial_key(0, 2), None)
     (before_learner, before_buffer), (after_learner, after_buffer, _) = refill["before"], refill["after"]
     for new, expect, old in zip(jax.tree.leaves(after_learner), jax.tree.leaves(fresh), jax.tree.leaves(before_learner),
                                 strict=True):
-        np.testing.assert_array_equal(new[0], np.asarray(expect))
+        # to float32 rounding: an init compiled inside the refill program and alone can differ in the last bit,
+        # depending on which XLA flags the process compiled its eager ops with before (test order)
+        np.testing.assert_allclose(new[0], np.asarray(expect), rtol=1e-6, atol=1e-7)
         np.testing.assert_array_equal(new[1], old[1])
     pairs = zip(jax.tree.leaves(after_learner.actor), jax.tree.leaves(before_learner.actor), strict=True)
     assert not all(np.array_equal(new[0], old[0]) for new, old in pairs)
