@@ -74,11 +74,11 @@ def size(n: float) -> str:
 
 
 def device_memory(given: int | None = None) -> tuple[int, str]:
-    """``(bytes, where from)``: ``given`` (``RunConfig.device_memory``), else the first device's ``bytes_limit``
-    (GPUs, TPUs), else the host's physical memory (a CPU's device memory is the host's)."""
+    """``(bytes, where from)``: ``given`` (``RunConfig.device_memory``), else this process's first device's
+    ``bytes_limit`` (GPUs, TPUs), else the host's physical memory (a CPU's device memory is the host's)."""
     if given is not None:
         return int(given), "given"
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]  # another process's device has no stats to read
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and stats.get("bytes_limit"):
         return int(stats["bytes_limit"]), f"{device.device_kind} bytes_limit"
@@ -395,7 +395,7 @@ def plan_run(config: RunConfig, spec: EnvSpec, driver: Driver, local: Driver | N
     per_member.update(envs)
     if "host RAM" in source:  # a CPU: the host's envs share the device's memory
         host_parts = ()
-    experience = experience_shape(config, spec, local, state)
+    experience = experience_shape(config, spec, driver, state)  # ``local`` acts only inside its sharded program
     per_member["experience"] = 0 if experience is None else \
         sum(_bytes(leaf) for leaf in jax.tree.leaves(experience)) // config.pop_size
     program, note = None, ""
