@@ -2,9 +2,10 @@
 presets copy, the same budget and the same evaluation episodes.
 
     PYTHONPATH=. .venv/bin/python experiments/parity_sb3.py [--pairs td3_pendulum,sac_pendulum,dqn_cartpole,
-        ppo_cartpole] [--seeds 5] [--side both|popjax|sb3]
+        ppo_cartpole,td3_hopper] [--seeds 5] [--side both|popjax|sb3]
 
-Pairs (``PAIRS``): TD3 and SAC on gym:Pendulum-v1, DQN and PPO on gym:CartPole-v1. popjax side: one population of
+Pairs (``PAIRS``): TD3 and SAC on gym:Pendulum-v1, DQN and PPO on gym:CartPole-v1, TD3 on gym:Hopper-v5 (100k
+steps). popjax side: one population of
 ``--seeds`` members (``driver: independent``, ``seed: 0``, ``preset: auto``: the learner's PRESETS row),
 ``eval_starts: common``. SB3 side: seed s = 0 .. seeds-1, one run each, with the same values written in SB3's
 terms (``sb3_model``; ``torch.set_num_threads(1)``, device cpu). Where the zoo uses a schedule popjax does not
@@ -53,12 +54,16 @@ PAIRS = {
                      "eval_episodes": 10},
     "ppo_cartpole": {"learner": "ppo", "env": "CartPole-v1", "sb3_algo": "PPO", "eval_interval": 5_000,
                      "eval_episodes": 10},
+    # The MuJoCo pair at a budget 2 cores afford: the zoo's 1M-step preset cut to 100k (``total_env_steps``).
+    "td3_hopper": {"learner": "td3", "env": "Hopper-v5", "sb3_algo": "TD3", "eval_interval": 5_000,
+                   "eval_episodes": 10, "total_env_steps": 100_000},
 }
 
 
 def preset(pair: str) -> dict:
+    """The learner's PRESETS row for the env, with the pair's own budget where it sets one."""
     p = PAIRS[pair]
-    return PRESETS[p["learner"], f"gym:{p['env']}"]
+    return {**PRESETS[p["learner"], f"gym:{p['env']}"], **{k: p[k] for k in ("total_env_steps",) if k in p}}
 
 
 def sb3_settings(pair: str) -> dict:
@@ -67,7 +72,8 @@ def sb3_settings(pair: str) -> dict:
     hp, lc = pre.get("hparams", {}), pre.get("learner_config", {})
     if p["sb3_algo"] == "TD3":
         return {"learning_rate": hp["actor_lr"], "buffer_size": pre["buffer_size"],
-                "learning_starts": pre["warmup_steps"], "batch_size": pre["batch_size"], "gamma": hp["discount"],
+                "learning_starts": pre["warmup_steps"], "batch_size": pre["batch_size"],
+                "gamma": hp.get("discount", 0.99),  # the MuJoCo presets keep TD3's default, SB3's too
                 "train_freq": 1, "gradient_steps": 1,
                 "action_noise_std": hp["exploration_noise"], "policy_kwargs": {"net_arch": list(lc["hidden"])}}
     if p["sb3_algo"] == "SAC":
@@ -132,7 +138,8 @@ def sb3_model(pair: str, seed: int):
         env = gym.make(p["env"])
     if "action_noise_std" in kw:
         std = kw.pop("action_noise_std")
-        kw["action_noise"] = NormalActionNoise(np.zeros(1), std * np.ones(1))
+        dims = env.action_space.shape
+        kw["action_noise"] = NormalActionNoise(np.zeros(dims), std * np.ones(dims))
     return cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
 
 
