@@ -36,18 +36,28 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def arm_popjax(work: Path, trials: int, pop: int, cache: str) -> dict:
+def smoke(steps: int) -> dict:
+    """``RUN`` cut to ``steps`` env steps per trial, with a small warm-up and batch: a test of the code only."""
+    return {**RUN, "total_env_steps": steps, "eval_interval": steps, "warmup_steps": 100, "batch_size": 16}
+
+
+def arm_popjax(work: Path, trials: int, pop: int, cache: str, run: dict | None = None, name: str = "sweep",
+               **sweep_options) -> dict:
+    """``popjax.sweep`` of ``trials`` trials, ``pop`` at a time (TPE seeded with ``run["seed"]``, the study seed)."""
     import popjax
+    from optuna.trial import TrialState
 
     start = time.perf_counter()
-    result = popjax.sweep(out_dir=work / "sweep", n_trials=trials, pop_size=pop, search_space="td3",
-                          compile_cache=cache, **RUN)
+    result = popjax.sweep(out_dir=work / name, n_trials=trials, pop_size=pop, search_space="td3",
+                          compile_cache=cache, **(run or RUN), **sweep_options)
     wall = time.perf_counter() - start
-    values = [t.value for t in result.study.get_trials() if t.value is not None]
-    return {"wall_s": wall, "best": max(values), "completed": len(values)}
+    finished = [t for t in result.study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    complete = [t for t in finished if t.state == TrialState.COMPLETE]
+    return {"wall_s": wall, "best": max(t.value for t in complete), "completed": len(complete),
+            "pruned": len(finished) - len(complete), "trial_env_steps": sum(t.user_attrs["env_steps"] for t in finished)}
 
 
-def _study(storage: str):
+def _study(storage: str, seed: int = 0):
     import optuna
 
     from popjax.learners import LEARNERS
@@ -56,22 +66,37 @@ def _study(storage: str):
     from popjax.sweeps.space import distributions, resolve_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=storage, direction="maximize", sampler=make_sampler("tpe", 0))
+    study = optuna.create_study(storage=storage, direction="maximize", sampler=make_sampler("tpe", seed))
     space = distributions(resolve_space(SEARCH_SPACES["td3"], "td3", LEARNERS["td3"]))
     return study, space
 
 
-def arm_in_process(work: Path, trials: int, cache: str) -> dict:
+def arm_in_process(work: Path, trials: int, cache: str, run: dict | None = None) -> dict:
+    """Optuna asking one trial at a time (the same TPE, seeded with ``run["seed"]``), ``popjax.train`` pop 1."""
     import popjax
 
-    study, space = _study(f"sqlite:///{work / 'in_process.db'}")
+    run = run or RUN
+    study, space = _study(f"sqlite:///{work / 'in_process.db'}", run["seed"])
     start = time.perf_counter()
     for _ in range(trials):
         trial = study.ask(space)
-        run = popjax.train(out_dir=work / "in_process" / str(trial.number), pop_size=1, hparams=trial.params,
-                           compile_cache=cache, **RUN)
-        study.tell(trial, run.summary["final_returns"][0])
+        result = popjax.train(out_dir=work / "in_process" / str(trial.number), pop_size=1, hparams=trial.params,
+                              compile_cache=cache, **run)
+        study.tell(trial, result.summary["final_returns"][0])
     return {"wall_s": time.perf_counter() - start, "best": study.best_value, "completed": len(study.trials)}
+
+
+def warm_cache(work: Path, cache: str, pop: int, run: dict | None = None, **sweep_options) -> None:
+    """Fills the compile cache outside the timed arms: pop 1 for every policy delay (TD3 fixes a delay all its
+    members share, one program each), and one generation of the sweep."""
+    import popjax
+
+    run = run or RUN
+    for delay in range(1, 6):
+        popjax.train(out_dir=work / f"warm{delay}", pop_size=1, hparams={"policy_delay": delay},
+                     compile_cache=cache, **run)
+    popjax.sweep(out_dir=work / "warm_sweep", n_trials=pop, pop_size=pop, search_space="td3", compile_cache=cache,
+                 **run, **sweep_options)
 
 
 def arm_per_process(work: Path, trials: int, cache: str) -> dict:
@@ -99,22 +124,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=RUN["total_env_steps"], help="per trial (a smoke test: 300)")
     args = parser.parse_args()
     if args.steps != RUN["total_env_steps"]:
-        RUN.update(total_env_steps=args.steps, eval_interval=args.steps, warmup_steps=100, batch_size=16)
+        RUN.update(smoke(args.steps))
     work = Path(tempfile.mkdtemp(prefix="sweep-walltime-"))
     cache = str(work / "xla-cache")
     result = {"study": "sweep_walltime", "run": RUN, "trials": args.trials, "pop": args.pop,
               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()}, "shared_machine": True,
               "arms": {}}
     try:
-        import popjax
-
-        # warm the compile cache outside the timed arms: pop 1 for every policy delay (TD3 fixes a delay all its
-        # members share, one program each), and one generation of the sweep
-        for delay in range(1, 6):
-            popjax.train(out_dir=work / f"warm{delay}", pop_size=1, hparams={"policy_delay": delay},
-                         compile_cache=cache, **RUN)
-        popjax.sweep(out_dir=work / "warm_sweep", n_trials=args.pop, pop_size=args.pop, search_space="td3",
-                     compile_cache=cache, **RUN)
+        warm_cache(work, cache, args.pop)
         for arm in args.arms.split(","):
             before = load()
             if arm == "popjax":
