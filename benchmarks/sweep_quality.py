@@ -27,8 +27,8 @@ Rules, fixed before any of these data (committed with this docstring before the 
   1: held). Wall clock on a shared machine: a cost there, not a speed result.
 - 5 study seeds (0-4) per study; every seed run is reported, none dropped.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/sweep_quality.py --study quality --out benchmarks/results/sweep_quality.json
-    PYTHONPATH=. .venv/bin/python benchmarks/sweep_quality.py --study pruning --out benchmarks/results/sweep_pruning.json
+    PYTHONPATH=. python benchmarks/sweep_quality.py --study quality --out benchmarks/results/sweep_quality.json
+    PYTHONPATH=. python benchmarks/sweep_quality.py --study pruning --out benchmarks/results/sweep_pruning.json
 
 ``--steps 300`` is a smoke test of the code (tiny batches), not a result.
 """

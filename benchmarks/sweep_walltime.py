@@ -44,8 +44,9 @@ def smoke(steps: int) -> dict:
 def arm_popjax(work: Path, trials: int, pop: int, cache: str, run: dict | None = None, name: str = "sweep",
                **sweep_options) -> dict:
     """``popjax.sweep`` of ``trials`` trials, ``pop`` at a time (TPE seeded with ``run["seed"]``, the study seed)."""
-    import popjax
     from optuna.trial import TrialState
+
+    import popjax
 
     start = time.perf_counter()
     result = popjax.sweep(out_dir=work / name, n_trials=trials, pop_size=pop, search_space="td3",
@@ -54,7 +55,8 @@ def arm_popjax(work: Path, trials: int, pop: int, cache: str, run: dict | None =
     finished = [t for t in result.study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     complete = [t for t in finished if t.state == TrialState.COMPLETE]
     return {"wall_s": wall, "best": max(t.value for t in complete), "completed": len(complete),
-            "pruned": len(finished) - len(complete), "trial_env_steps": sum(t.user_attrs["env_steps"] for t in finished)}
+            "pruned": len(finished) - len(complete),
+            "trial_env_steps": sum(t.user_attrs["env_steps"] for t in finished)}
 
 
 def _study(storage: str, seed: int = 0):
