@@ -5,7 +5,8 @@ presets copy, the same budget and the same evaluation episodes.
         ppo_cartpole,td3_hopper] [--seeds 5] [--side both|popjax|sb3]
 
 Pairs (``PAIRS``): TD3 and SAC on gym:Pendulum-v1, DQN and PPO on gym:CartPole-v1, TD3 on gym:Hopper-v5 (100k
-steps). popjax side: one population of
+steps). Ablations (``VARIANTS``): popjax with one named difference from SB3 removed, paired with its base pair's SB3
+runs (popjax side only). popjax side: one population of
 ``--seeds`` members (``driver: independent``, ``seed: 0``, ``preset: auto``: the learner's PRESETS row),
 ``eval_starts: common``. SB3 side: seed s = 0 .. seeds-1, one run each, with the same values written in SB3's
 terms (``sb3_model``; ``torch.set_num_threads(1)``, device cpu). Where the zoo uses a schedule popjax does not
@@ -58,12 +59,33 @@ PAIRS = {
     "td3_hopper": {"learner": "td3", "env": "Hopper-v5", "sb3_algo": "TD3", "eval_interval": 5_000,
                    "eval_episodes": 10, "total_env_steps": 100_000},
 }
+# Ablations: popjax with one named difference from SB3 removed, scored against the base pair's SB3 runs (the same
+# evaluation episodes: popjax's evaluation seeds depend on the run's seed only, checked when paired).
+VARIANTS = {
+    # SB3 weighs its squared value error by vf_coef with no 1/2; popjax (CleanRL, the paper) by vf_coef / 2.
+    "ppo_cartpole_value_weight": {"base": "ppo_cartpole", "hparams": {"vf_coef": 1.0}},
+    # SB3's DQN target is max_a Q_target(s', a) (no double Q), its epsilon reaches its end at 16 % of the budget
+    # (8k env steps; popjax counts updates: 1k warm-up steps, then 0.5 updates per env step, 3,500 updates).
+    "dqn_cartpole_single_q": {"base": "dqn_cartpole", "learner_config": {"double_q": False},
+                              "hparams": {"epsilon_decay_steps": 3_500}},
+}
 
 
 def preset(pair: str) -> dict:
-    """The learner's PRESETS row for the env, with the pair's own budget where it sets one."""
-    p = PAIRS[pair]
-    return {**PRESETS[p["learner"], f"gym:{p['env']}"], **{k: p[k] for k in ("total_env_steps",) if k in p}}
+    """The learner's PRESETS row for the env, with the pair's own budget where it sets one (a variant: its base
+    pair's, with the variant's hparams and learner_config on top)."""
+    variant = VARIANTS.get(pair, {})
+    p = PAIRS[variant.get("base", pair)]
+    out = {**PRESETS[p["learner"], f"gym:{p['env']}"], **{k: p[k] for k in ("total_env_steps",) if k in p}}
+    for part in ("hparams", "learner_config"):
+        if part in variant:
+            out[part] = {**out.get(part, {}), **variant[part]}
+    return out
+
+
+def pair_of(name: str) -> dict:
+    """The pair's settings (a variant: its base pair's)."""
+    return PAIRS[VARIANTS[name]["base"] if name in VARIANTS else name]
 
 
 def sb3_settings(pair: str) -> dict:
@@ -95,7 +117,7 @@ def sb3_settings(pair: str) -> dict:
 
 
 def run_popjax(pair: str, seeds: int, steps: int | None = None) -> dict:
-    p, pre = PAIRS[pair], dict(preset(pair))
+    p, pre = pair_of(pair), dict(preset(pair))
     if steps:  # a smoke test's budget
         pre.update(total_env_steps=steps, warmup_steps=min(pre.get("warmup_steps", 0), steps // 2))
     drawn: list[list[int]] = []
@@ -111,6 +133,8 @@ def run_popjax(pair: str, seeds: int, steps: int | None = None) -> dict:
         out = Path("runs/parity_sb3") / pair
         load = os.getloadavg()[0]
         budget = {k: pre[k] for k in ("total_env_steps", "warmup_steps") if k in pre}
+        budget.update({part: VARIANTS[pair][part] for part in ("hparams", "learner_config")
+                       if part in VARIANTS.get(pair, {})})  # merged key by key into the preset's
         run = popjax.train(learner=p["learner"], env=f"gym:{p['env']}", driver="independent", pop_size=seeds, seed=0,
                            preset="auto", **budget, eval_interval=p["eval_interval"], eval_episodes=p["eval_episodes"],
                            eval_starts="common", checkpoint_interval=0, progress=False, out_dir=out, overwrite=True)
@@ -201,36 +225,47 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0, help="a smoke test's budget (default: the preset's)")
     parser.add_argument("--results", default=str(FOLDER), help="where the JSON go")
     args = parser.parse_args()
-    import stable_baselines3
-    import torch
-
     folder = Path(args.results)
     folder.mkdir(parents=True, exist_ok=True)
     for pair in args.pairs.split(","):
-        if pair not in PAIRS:
-            parser.exit(2, f"--pairs: {pair!r} unknown (allowed: {', '.join(PAIRS)})\n")
+        if pair not in PAIRS and pair not in VARIANTS:
+            parser.exit(2, f"--pairs: {pair!r} unknown (allowed: {', '.join([*PAIRS, *VARIANTS])})\n")
+    for pair in args.pairs.split(","):
         path = folder / f"{pair}.json"
-        record = json.loads(path.read_text()) if path.exists() else {"pair": pair, **PAIRS[pair]}
-        if args.side in ("both", "popjax") and "popjax" not in record:
+        record = json.loads(path.read_text()) if path.exists() else {"pair": pair, **pair_of(pair)}
+        if pair in VARIANTS:
+            record["variant"] = VARIANTS[pair]
+        if args.side in ("both", "popjax") and len(record.get("popjax", {}).get("curves", ())) < args.seeds:
+            old_seeds = record.get("popjax", {}).get("eval_seeds")
             record["popjax"] = run_popjax(pair, args.seeds, args.steps)
             record["popjax_version"] = popjax.__version__
+            if old_seeds is not None and old_seeds != record["popjax"]["eval_seeds"]:
+                record.pop("sb3", None)  # scored on other episodes: not comparable
             path.write_text(json.dumps(record, indent=1) + "\n")
             print(f"{pair} popjax: {record['popjax']['wall_s']:.0f} s", flush=True)
-        if args.side in ("both", "sb3") and "popjax" in record:
-            pj = record["popjax"]
-            record.setdefault("sb3", {"settings": sb3_settings(pair), "runs": [],
-                                      "versions": {"stable_baselines3": stable_baselines3.__version__,
-                                                   "torch": torch.__version__}})
-            done = {r["seed"] for r in record["sb3"]["runs"]}
-            for seed in range(args.seeds):
-                if seed in done:
-                    continue
-                load = os.getloadavg()[0]
-                result = run_sb3(pair, seed, pj["eval_steps"], pj["eval_seeds"], pj["total_env_steps"])
-                record["sb3"]["runs"].append({**result, "load_1min_before": load})
-                path.write_text(json.dumps(record, indent=1) + "\n")
-                print(f"{pair} sb3 seed {seed}: final {np.mean([c[2] for c in result['curve'][-LAST:]]):.1f}, "
-                      f"{result['wall_s']:.0f} s", flush=True)
+        if args.side in ("both", "sb3") and "popjax" in record and pair not in VARIANTS:
+            run_sb3_seeds(pair, record, args.seeds, path)
+
+
+def run_sb3_seeds(pair: str, record: dict, seeds: int, path: Path) -> None:
+    """SB3 seeds 0 .. seeds-1 not yet in ``record`` (saved after each: a killed run goes on where it stopped)."""
+    import stable_baselines3
+    import torch
+
+    pj = record["popjax"]
+    record.setdefault("sb3", {"settings": sb3_settings(pair), "runs": [],
+                              "versions": {"stable_baselines3": stable_baselines3.__version__,
+                                           "torch": torch.__version__}})
+    done = {r["seed"] for r in record["sb3"]["runs"]}
+    for seed in range(seeds):
+        if seed in done:
+            continue
+        load = os.getloadavg()[0]
+        result = run_sb3(pair, seed, pj["eval_steps"], pj["eval_seeds"], pj["total_env_steps"])
+        record["sb3"]["runs"].append({**result, "load_1min_before": load})
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"{pair} sb3 seed {seed}: final {np.mean([c[2] for c in result['curve'][-LAST:]]):.1f}, "
+              f"{result['wall_s']:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
