@@ -14,7 +14,8 @@ each time under a fresh key, through ``JaxRunner.evaluate`` (the path the loop u
   the parents): how often it differs between two consecutive evaluations of the same policies, and how often it
   differs from the choice of the reference ranking (each member's mean over every episode of both protocols).
 
-Writes experiments/results/eval_crn_pbt.json.
+Writes experiments/results/eval_crn_pbt.json (``--steps 8000``: a population near solved) or
+eval_crn_pbt_<steps>.json (``--steps 3000``: one still learning, its members far apart).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8_000)
     parser.add_argument("--reps", type=int, default=200)
-    parser.add_argument("--out", default="runs/eval_crn_pbt")
+    parser.add_argument("--out", default=None, help="the PBT run's folder (default runs/eval_crn_pbt[_<steps>])")
     args = parser.parse_args()
+    args.out = args.out or ("runs/eval_crn_pbt" if args.steps == 8_000 else f"runs/eval_crn_pbt_{args.steps}")
     started = time.time()
     run = popjax.train(learner="td3", env="probe:pendulum", driver="pbt", pop_size=POP, seed=0, preset="none",
                        total_env_steps=args.steps, warmup_steps=1_000, eval_interval=1_000, eval_episodes=EPISODES,
@@ -91,7 +93,8 @@ def main() -> None:
               "run_final_returns": run.summary["final_returns"], "reference_fitness": reference.tolist(),
               "fitness": {k: v.tolist() for k, v in fitness.items()}, "summary": summary,
               "total_s": round(time.time() - started, 1)}
-    (HERE / "results" / "eval_crn_pbt.json").write_text(json.dumps(record, indent=1) + "\n")
+    name = "eval_crn_pbt" if args.steps == 8_000 else f"eval_crn_pbt_{args.steps}"
+    (HERE / "results" / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(summary, indent=1), flush=True)
 
 
