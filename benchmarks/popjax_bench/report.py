@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from popjax_bench import REPORT_HEADING, arithmetic, report_gpu
+from popjax_bench import REPORT_HEADING, arithmetic, report_gpu, report_sweeps
 from popjax_bench import options as opt
 
 STUDY = "report"
@@ -39,7 +39,7 @@ def main(options: Options) -> Path:
 
 
 STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "frontier", "shared_critic", "drivers", "per",
-               "spo", "hts", "sparse_inference", "sweep_walltime")
+               "spo", "hts", "sparse_inference", "sweep_walltime", "sweep_quality", "sweep_pruning")
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -876,7 +876,8 @@ def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
                 "envstep": section_envstep, "train": section_train, "frontier": section_frontier,
                 "shared_critic": section_shared_critic,
                 "drivers": section_drivers, "per": section_per, "spo": section_spo, "hts": section_hts,
-                "sparse_inference": section_sparse_inference, "sweep_walltime": section_sweep_walltime}
+                "sparse_inference": section_sparse_inference, "sweep_walltime": section_sweep_walltime,
+                **report_sweeps.SECTIONS}
     for study in STUDY_ORDER:
         for payload in data.get(study, []):
             if study == "update" and report_gpu.on_accelerator(payload):

@@ -39,8 +39,12 @@ def paired_lines(a, b, margin: float, claim: str, label: str, kind: str = "diffe
     else:
         head = f"{label}: ratio of means {v['point']:.2f}×"
     t_name = "t-interval" if kind == "difference" else "Fieller t-interval"
+    lows = [i[0] for i in (v["t"], v["percentile"]) if i is not None]
+    bound = f"; the most it may cost on these data: {_n(-min(lows))} (the lowest interval end)" \
+        if kind == "difference" and min(lows) < 0 else ""
     return [f"- {head}; 95 % {t_name} {_interval(v['t'], digits)}; 95 % percentile paired bootstrap "
-            f"{_interval(v['percentile'], digits)} ({REPS:,} replicates, n = {v['n']}): **{claim}: {v['verdict']}**"]
+            f"{_interval(v['percentile'], digits)} ({REPS:,} replicates, n = {v['n']}): **{claim}: {v['verdict']}**"
+            + bound]
 
 
 def _run_line(p: dict[str, Any]) -> str:
