@@ -23,7 +23,9 @@ translated into popjax's units:
 - PPO and A2C: ``n_envs`` is ``envs_per_member``, ``n_steps`` is ``rollout_len``; PPO's ``batch_size`` (the
   minibatch) becomes ``minibatches = n_envs * n_steps / batch_size`` and ``n_epochs`` is ``epochs``. The zoo's
   linear schedules of the learning rate and clip range are not reproduced (constant values), and popjax's A2C
-  uses Adam where SB3's uses RMSProp.
+  uses Adam where SB3's uses RMSProp. SB3's ``vf_coef`` weighs the mean squared value error, popjax's (CleanRL's,
+  the PPO paper's) half of it: popjax's ``vf_coef`` is twice SB3's (its default 0.5 is popjax's 1.0). Under the
+  shared gradient-norm clip the weight matters: at SB3's 0.5 popjax's PPO learnt CartPole more slowly than SB3.
 
 brax and probe envs have no published table: they use the library defaults. Each learner carries its table
 (``LearnerDef.presets``: env -> options, in the learner's module).

@@ -1,5 +1,6 @@
 """Presets: tuned values fill only what the user did not give; ``none`` keeps the bare defaults."""
 
+import jax.numpy as jnp
 import pytest
 import yaml
 
@@ -39,6 +40,17 @@ def test_none_unknown_pairs_and_bad_names():
     assert apply_preset({"learner": "td3", "env": "probe:pendulum"}) == {"learner": "td3", "env": "probe:pendulum"}
     with pytest.raises(popjax.ConfigError, match="preset: 'zoo' unknown; allowed: auto, none"):
         apply_preset({"preset": "zoo"})
+
+
+@pytest.mark.parametrize("learner", ["ppo", "a2c"])
+def test_the_zoo_value_weight_is_translated_into_popjax_units(learner):
+    """SB3's value term is vf_coef * mean((V - R)^2) at its default 0.5; popjax's preset gives the same term."""
+    from popjax.learners import onpolicy
+
+    value, ret = jnp.array([1.0, -2.0, 0.5]), jnp.array([0.0, 1.0, 2.5])
+    sb3_term = 0.5 * jnp.mean((value - ret) ** 2)  # (1 + 9 + 4) / 3 / 2 = 7 / 3
+    vf_coef = PRESETS[learner, "gym:CartPole-v1"]["hparams"]["vf_coef"]
+    assert float(vf_coef * onpolicy.value_loss(value, ret)) == pytest.approx(7 / 3) == float(sb3_term)
 
 
 def test_every_preset_is_a_valid_config():

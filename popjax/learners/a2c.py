@@ -89,10 +89,12 @@ def make_a2c(config: A2CConfig, spec: EnvSpec) -> Learner:
 
 
 # The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
-# zoo a2c.yml CartPole-v1: 8 envs, no entropy bonus, 5e5 steps (SB3 defaults otherwise: 5 steps, lr 7e-4)
+# zoo a2c.yml CartPole-v1: 8 envs, no entropy bonus, 5e5 steps (SB3 defaults otherwise: 5 steps, lr 7e-4, vf_coef
+# 0.5, which is popjax's 1.0)
 PRESETS = {
     "gym:CartPole-v1": {
-        "total_env_steps": 500_000, "envs_per_member": 8, "rollout_len": 5, "hparams": {"ent_coef": 0.0}},
+        "total_env_steps": 500_000, "envs_per_member": 8, "rollout_len": 5,
+        "hparams": {"ent_coef": 0.0, "vf_coef": 1.0}},
 }
 
 DEFINITION = LearnerDef(name="a2c", pbt=PBTSupport(SEARCH_SPACES["a2c"]), presets=PRESETS,

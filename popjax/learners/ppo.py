@@ -100,11 +100,11 @@ def make_ppo(config: PPOConfig, spec: EnvSpec) -> Learner:
 
 # The RL Baselines3 Zoo's tuned values, in popjax's units (see ``popjax.presets``): env -> options.
 # zoo ppo.yml CartPole-v1: 8 envs x 32 steps, minibatch 256, 20 epochs, lr 1e-3 and clip 0.2 (both linearly
-# decayed there), gamma 0.98, lambda 0.8, no entropy bonus, 1e5 steps
+# decayed there), gamma 0.98, lambda 0.8, no entropy bonus, 1e5 steps; SB3's vf_coef 0.5 is popjax's 1.0
 PRESETS = {
     "gym:CartPole-v1": {
         "total_env_steps": 100_000, "envs_per_member": 8, "rollout_len": 32,
-        "hparams": {"lr": 1e-3, "clip": 0.2, "discount": 0.98, "gae_lambda": 0.8, "ent_coef": 0.0},
+        "hparams": {"lr": 1e-3, "clip": 0.2, "discount": 0.98, "gae_lambda": 0.8, "ent_coef": 0.0, "vf_coef": 1.0},
         "learner_config": {"epochs": 20, "minibatches": 1}},
 }
 
