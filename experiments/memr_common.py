@@ -38,12 +38,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from results_memr import MEMR_PAIRS, memr_scores
 from sweep_common import member_rows, plot_curves, run_sweep
 
 import popjax
 from popjax import stats
 from popjax.plots import save_figure
-from results import MEMR_PAIRS, memr_scores
 
 HERE = Path(__file__).parent
 ARMS = {"sac": ("sac", "uniform", {"start_states": None}),

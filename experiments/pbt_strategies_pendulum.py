@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from results import pbt_strategies_pendulum
+from results_speed_pbt_hts import pbt_strategies_pendulum
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "pbt_strategies_pendulum"

@@ -37,15 +37,15 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+from results_rlx2 import UCR_LEVELS as SPARSITIES
+from results_rlx2 import UCR_TOLERANCE as TOLERANCE
+from results_rlx2 import rlx2_compression_summary
 from rlx2_pendulum import random_policy
 from sweep_common import member_rows, plot_curves, saved_or_run
 
 import popjax
 from popjax.envs import registry
 from popjax.plots import save_figure
-from results import UCR_LEVELS as SPARSITIES
-from results import UCR_TOLERANCE as TOLERANCE
-from results import rlx2_compression_summary
 
 HERE = Path(__file__).resolve().parent
 HIDDEN = [256, 256]

@@ -31,6 +31,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from results_rlx2 import rlx2_table
 from sweep_common import member_rows, plot_curves, run_sweep
 
 import popjax
@@ -41,7 +42,6 @@ from popjax.learners import rlx2
 from popjax.networks import sparse
 from popjax.plots import save_figure
 from popjax.population.tree import member
-from results import rlx2_table
 
 HERE = Path(__file__).parent
 ENV = "probe:pendulum"

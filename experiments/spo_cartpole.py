@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from results_cemrl_dvd_spo import spo_cartpole_table
 from sweep_common import member_rows, plot_curves, run_sweep
 
 import popjax
 from popjax.plots import save_figure
-from results import spo_cartpole_table
 
 HERE = Path(__file__).parent
 B = 256

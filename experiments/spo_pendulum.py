@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from results_cemrl_dvd_spo import spo_pendulum_table
 from sweep_common import member_rows, plot_curves, run_sweep
 
 import popjax
 from popjax.plots import save_figure
-from results import spo_pendulum_table
 
 HERE = Path(__file__).parent
 NON_FINITE = ("nan", "inf", "-inf", "+inf")

@@ -10,18 +10,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _results_module():
+def _results_modules():
+    """experiments/results.py and the topic modules its tables live in (``results_<topic>``)."""
     sys.path.insert(0, str(ROOT / "experiments"))
     try:
         spec = importlib.util.spec_from_file_location("experiments_results", ROOT / "experiments" / "results.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        topics = [importlib.import_module(f"results_{topic}") for topic in
+                  ("core", "cemrl_dvd_spo", "memr", "parity_crn_margins", "refer", "rlx2", "speed_pbt_hts")]
     finally:
         sys.path.remove(str(ROOT / "experiments"))
-    return module
+    return module, *topics
 
 
-results = _results_module()
+(results, results_core, results_cemrl_dvd_spo, results_memr, results_parity_crn_margins, results_refer, results_rlx2,
+ results_speed_pbt_hts) = _results_modules()
 DOCUMENT = (ROOT / "experiments" / "RESULTS.md").read_text()
 
 
@@ -63,9 +67,9 @@ def test_benchmarks_results_md_is_generated_from_its_json(tmp_path, monkeypatch)
 
 def test_ultimate_compression_ratio_by_hand():
     scores = {0.9: 97.0, 0.98: 96.9, 0.99: 99.0, 0.995: 50.0}
-    assert results.ucr(scores, 100.0) == 0.99  # the largest level within 3 % (a level below it may miss)
-    assert results.ucr({0.9: -103.0, 0.98: -104.0}, -100.0) == 0.9  # negative returns: 3 % of |dense|
-    assert results.ucr({0.9: 96.0}, 100.0) is None
+    assert results_rlx2.ucr(scores, 100.0) == 0.99  # the largest level within 3 % (a level below it may miss)
+    assert results_rlx2.ucr({0.9: -103.0, 0.98: -104.0}, -100.0) == 0.9  # negative returns: 3 % of |dense|
+    assert results_rlx2.ucr({0.9: 96.0}, 100.0) is None
 
 
 def test_every_scoreboard_claim_has_a_three_level_verdict_its_rule_and_scale():
@@ -105,12 +109,12 @@ def test_r1_is_decided_from_the_fp32_gpu_files():
 
 
 def test_refer_pace_gaps_are_paired_by_seed_from_the_final_evaluations():
-    arms = results.refer_pace_runs()[16384]
+    arms = results_refer.refer_pace_runs()[16384]
     by_hand = [(r["eval_return"][-1] - t["eval_return"][-1]) / 1250  # normalised by (R + 1400) / 1250
                for r, t in zip(arms["refer"]["members"], arms["td3"]["members"], strict=True)]
-    gap = results.pace_gap(16384, "refer", "td3")
+    gap = results_refer.pace_gap(16384, "refer", "td3")
     assert gap == pytest.approx(by_hand) and round(gap[3], 2) == -0.86  # F2's seed 3: -1214 vs -141
-    assert "T/N ≈ 3" in results.pace_turnover(16384) and "T/N ≈ 12" in results.pace_turnover(4096)
+    assert "T/N ≈ 3" in results_refer.pace_turnover(16384) and "T/N ≈ 12" in results_refer.pace_turnover(4096)
 
 
 def test_the_memr_issue38_prose_numbers_come_from_the_json():
@@ -140,10 +144,10 @@ def test_the_memr_issue38_prose_numbers_come_from_the_json():
     section = DOCUMENT.split("## MEMR re-run with the issue-38 setup")[1].split("\n## ")[0]
     for figure, value in quoted.items():
         assert text(value) == figure and figure.lstrip("+") in section, figure
-    assert "0.0, with t [−2.7, 2.6]" in section and results.t_beside(
+    assert "0.0, with t [−2.7, 2.6]" in section and results_core.t_beside(
         new["memr_oracle_full"]["final"], new["sac"]["final"]) == "; t [-2.7, 2.6]"
     assert "[13.9, 22.6], with t [10.1, 24.5]" in section
-    assert "with t [−34.0, 2.9]" in section and results.t_beside(
+    assert "with t [−34.0, 2.9]" in section and results_core.t_beside(
         new["memr_oracle_real"]["auc"], new["sac"]["auc"]) == "; t [-34.0, 2.9]"
     oracle = next(r for r in results.load("memr_pendulum/results_issue38.json")["runs"] if r["config"] == "memr_oracle")
     at_6k = np.mean([[ret for step, ret, _ in seed if step == 6000] for seed in oracle["curves"]])
@@ -157,26 +161,26 @@ def test_the_rlx2_components_table_pairs_each_replica_with_rigl(tmp_path, monkey
     import shutil
 
     folder = tmp_path / "rlx2_compression_halfcheetah-v5"
-    shutil.copytree(results.RESULTS / folder.name, folder)
-    for method in (*results.RLX2_COMPONENTS, *results.RLX2_FLOOR):
+    shutil.copytree(results_rlx2.RESULTS / folder.name, folder)
+    for method in (*results_rlx2.RLX2_COMPONENTS, *results_rlx2.RLX2_FLOOR):
         (folder / f"{method}.json").unlink(missing_ok=True)
-    monkeypatch.setattr(results, "RESULTS", tmp_path)
-    assert results.rlx2_components_halfcheetah() == ["Not run yet."]
+    monkeypatch.setattr(results_rlx2, "RESULTS", tmp_path)
+    assert results_rlx2.rlx2_components_halfcheetah() == ["Not run yet."]
     rigl = json.loads((folder / "rigl.json").read_text())
-    for method in results.RLX2_COMPONENTS:
+    for method in results_rlx2.RLX2_COMPONENTS:
         (folder / f"{method}.json").write_text(json.dumps(rigl))
-    rows = [r for r in results.rlx2_components_halfcheetah() if "without the multi-step" in r]
+    rows = [r for r in results_rlx2.rlx2_components_halfcheetah() if "without the multi-step" in r]
     expected = [m["score"] for m in rigl["members"] if m["sparsity"] == 0.9]
-    assert len(rows) == 2 and results.seeds(expected) in rows[0] and "0, 0, 0 (mean 0" in rows[0]
-    assert not [r for r in results.rlx2_components_halfcheetah() if r.startswith("B_min = 2,048")]
+    assert len(rows) == 2 and results_core.seeds(expected) in rows[0] and "0, 0, 0 (mean 0" in rows[0]
+    assert not [r for r in results_rlx2.rlx2_components_halfcheetah() if r.startswith("B_min = 2,048")]
     (folder / "rlx2_floor_sample.json").write_text((folder / "rlx2.json").read_text())
-    (line,) = [r for r in results.rlx2_components_halfcheetah() if r.startswith("B_min = 2,048")]
+    (line,) = [r for r in results_rlx2.rlx2_components_halfcheetah() if r.startswith("B_min = 2,048")]
     assert "minus RLx2 (B_min = 833): 0, 0, 0 (mean 0; t [0, 0])" in line
 
 
 def test_rlx2_main_effects_average_with_minus_without_over_the_other_component():
     scores = {"rigl": [0, 0], "rlx2_fixed_buffer": [2, 4], "rlx2_1step": [1, 1], "rlx2": [5, 3]}
-    effects = {k: (w - wo).tolist() for k, (w, wo) in results.rlx2_effects(scores).items()}
+    effects = {k: (w - wo).tolist() for k, (w, wo) in results_rlx2.rlx2_effects(scores).items()}
     # 3-step: ((2 - 0) + (5 - 1)) / 2 = 3 and ((4 - 0) + (3 - 1)) / 2 = 3; buffer: ((1 - 0) + (5 - 2)) / 2 = 2 and
     # ((1 - 0) + (3 - 4)) / 2 = 0
     assert effects == {"the 3-step target": [3.0, 3.0], "the dynamic buffer": [2.0, 0.0]}
@@ -189,24 +193,24 @@ def test_the_rlx2_components_prose_numbers_come_from_the_json():
     import numpy as np
 
     section = DOCUMENT.split("### RLx2's components")[1].split("\n## ")[0]
-    scores = {m: np.asarray(v) for m, v in results.rlx2_component_scores(0.9).items()}
+    scores = {m: np.asarray(v) for m, v in results_rlx2.rlx2_component_scores(0.9).items()}
     fixed, rigl, rlx2 = scores["rlx2_fixed_buffer"], scores["rigl"], scores["rlx2"]
     assert f"scores {fixed.mean():,.0f} on the mean" in section
-    assert f"ahead of RigL on all {np.sum(fixed > rigl)} replicas (+{results.num(fixed.mean() - rigl.mean())})" \
+    assert f"ahead of RigL on all {np.sum(fixed > rigl)} replicas (+{results_core.num(fixed.mean() - rigl.mean())})" \
         in section
-    assert f"gives RLx2, at {results.num(rlx2.mean())}: lower on all {np.sum(rlx2 < fixed)} replicas" in section
-    dense = [m["score"] for m in results.load(f"{results.RLX2_FOLDER}/dense.json")["members"]]
-    assert f"dense TD3's {results.num(np.mean(dense))} on the mean" in section
-    effects = {k: w - wo for k, (w, wo) in results.rlx2_effects(scores).items()}
+    assert f"gives RLx2, at {results_core.num(rlx2.mean())}: lower on all {np.sum(rlx2 < fixed)} replicas" in section
+    dense = [m["score"] for m in results.load(f"{results_rlx2.RLX2_FOLDER}/dense.json")["members"]]
+    assert f"dense TD3's {results_core.num(np.mean(dense))} on the mean" in section
+    effects = {k: w - wo for k, (w, wo) in results_rlx2.rlx2_effects(scores).items()}
     buffer, target = effects["the dynamic buffer"], effects["the 3-step target"]
-    assert f"main effect is −{results.num(-buffer.mean())} and negative on all {np.sum(buffer < 0)}" in section
-    assert f"the 3-step target's is +{results.num(target.mean())},\n  positive on {np.sum(target > 0)} of 3" \
+    assert f"main effect is −{results_core.num(-buffer.mean())} and negative on all {np.sum(buffer < 0)}" in section
+    assert f"the 3-step target's is +{results_core.num(target.mean())},\n  positive on {np.sum(target > 0)} of 3" \
         in section
     members = [m for method in ("rlx2", "rlx2_1step")
-               for m in results.load(f"{results.RLX2_FOLDER}/{method}.json")["members"] if m["sparsity"] == 0.9]
+               for m in results.load(f"{results_rlx2.RLX2_FOLDER}/{method}.json")["members"] if m["sparsity"] == 0.9]
     shrinks = [m["shrinks"] for m in members]
     assert f"shrank {min(shrinks)}–{max(shrinks)} times" in section
-    schedule = results.load(f"{results.RLX2_FOLDER}/rlx2.json")["schedule"]
+    schedule = results.load(f"{results_rlx2.RLX2_FOLDER}/rlx2.json")["schedule"]
     period, capacity = schedule["period"], schedule["buffer_size"]
     longest = []
     for m in members:
@@ -221,16 +225,16 @@ def test_the_rlx2_components_prose_numbers_come_from_the_json():
     assert f"(after {capacity:,} steps) they held {min(held):,.0f}–{max(held):,.0f} rows on average" in \
         section.replace("\n  ", " ")
     flat = " ".join(section.split())
-    at_98 = results.rlx2_component_scores(0.98)
-    assert f"between the random policy's −276 and {results.num(max(np.mean(v) for v in at_98.values()))}" in flat
-    floor_record = results.load(f"{results.RLX2_FOLDER}/rlx2_floor_sample.json")
+    at_98 = results_rlx2.rlx2_component_scores(0.98)
+    assert f"between the random policy's −276 and {results_core.num(max(np.mean(v) for v in at_98.values()))}" in flat
+    floor_record = results.load(f"{results_rlx2.RLX2_FOLDER}/rlx2_floor_sample.json")
     floor = scores["rlx2_floor_sample"]
     assert f"({floor_record['total_s']:,.0f} s)" in flat
-    low, high = results.stats.t_interval(floor - fixed)
+    low, high = results_core.stats.t_interval(floor - fixed)
     assert (f"scores {floor.mean():,.0f} on the mean: level with the "
-            f"fixed buffer's {fixed.mean():,.0f} (−{results.num(fixed.mean() - floor.mean())} on the mean, t "
-            f"[{results.num(low).replace('-', '−')}, {results.num(high)}])") in flat
-    assert (f"+{results.num(floor.mean() - rlx2.mean())} over RLx2 (ahead on {np.sum(floor > rlx2)} of 3 replicas)"
+            f"fixed buffer's {fixed.mean():,.0f} (−{results_core.num(fixed.mean() - floor.mean())} on the mean, t "
+            f"[{results_core.num(low).replace('-', '−')}, {results_core.num(high)}])") in flat
+    assert (f"+{results_core.num(floor.mean() - rlx2.mean())} over RLx2 (ahead on {np.sum(floor > rlx2)} of 3 replicas)"
             in flat)
     floor_shrinks = [m["shrinks"] for m in floor_record["members"] if m["sparsity"] == 0.9]
     assert f"still shrank {min(floor_shrinks)}–{max(floor_shrinks)} times" in flat
@@ -239,7 +243,7 @@ def test_the_rlx2_components_prose_numbers_come_from_the_json():
 def test_the_spo_drift_prose_numbers_come_from_the_json():
     import numpy as np
 
-    runs = results.runs("spo_divergence_drift", lambda r: r["config"])
+    runs = results_core.runs("spo_divergence_drift", lambda r: r["config"])
     naive, two_phase = runs["naive-local-1000"], runs["two_phase-local-1000"]
     spread = np.asarray([s for m in naive["spreads"] for s in m], dtype=float)[:, 1]
     section = DOCUMENT.split("### At real drift")[1].split("\n## ")[0]
@@ -251,7 +255,7 @@ def test_the_spo_drift_prose_numbers_come_from_the_json():
     scores = [round(naive["final"][i]) for i in never]  # the mean of the last 3 evaluations
     assert f"their last evaluations are −{-last[0]} and −{-last[1]} and their scores (the\n  mean of the last 3) " \
         f"−{-scores[0]} and −{-scores[1]}" in section
-    grid = results.spo_divergence_records().values()
+    grid = results_cemrl_dvd_spo.spo_divergence_records().values()
     critic_max = max(np.nanmax(np.asarray([s for m in r["spreads"] for s in m], dtype=float)[:, 1]) for r in grid)
     actor_mean = max(np.nanmean(np.asarray([s for m in r["spreads"] for s in m], dtype=float)[:, 2]) for r in grid)
     assert f"a maximum of {critic_max:.3f} in the grid" in section and "was the\n  actor's largest mean" in section
@@ -267,9 +271,9 @@ def test_the_memr_hopper_before_after_figures_come_from_the_json():
     import numpy as np
 
     first = results.load("memr_hopper/results.json")["summary"]["configs"]
-    whole = results.memr_scores_until("memr_hopper/results.json", 60_000)
+    whole = results_memr.memr_scores_until("memr_hopper/results.json", 60_000)
     assert all(np.allclose(first[arm][s], whole[arm][s]) for arm in first for s in ("final", "auc"))
-    at_40k = results.memr_scores_until("memr_hopper/results.json", 40_000)
+    at_40k = results_memr.memr_scores_until("memr_hopper/results.json", 40_000)
     new = results.load("memr_hopper/results_40k_issue38.json")["summary"]["configs"]
 
     def diff(configs, a, b):
@@ -289,7 +293,7 @@ def test_the_r2_paper_prose_numbers_come_from_the_json():
     import numpy as np
 
     section = " ".join(DOCUMENT.split("## R2 as the paper states it")[1].split("\n## ")[0].split())
-    seed_ids, score = results.pbt_paper_scores()
+    seed_ids, score = results_speed_pbt_hts.pbt_paper_scores()
     n = len(seed_ids)
     assert f"**Seeds 0-{max(seed_ids)} finished**" in section
     assert f"worse in {np.sum(score['pbt'] < score['defaults'])} of {n} seeds (all but seed 0)" in section

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 try:
     import margins
     import verdicts
-    from test_results import DOCUMENT, results
+    from test_results import DOCUMENT, results, results_core, results_parity_crn_margins, results_rlx2
 finally:
     sys.path.remove(str(ROOT / "experiments"))
 
@@ -86,13 +86,13 @@ def test_the_fails_to_learn_count_and_fisher_test_by_hand():
     assert (f["naive"], f["two_phase"]) == (8, 0) and f["p"] == pytest.approx(125970 / 76904685)
     assert f["verdict"] == "held"
     assert verdicts.fisher_fails([-1400.0, -150.0], [-1400.0, -150.0])["verdict"] == "refuted at this scale"
-    records = results.runs("spo_divergence_drift40", lambda r: r["config"])
+    records = results_core.runs("spo_divergence_drift40", lambda r: r["config"])
     committed = verdicts.fisher_fails(records["naive-local-1000"]["final"], records["two_phase-local-1000"]["final"])
     assert (committed["naive"], committed["two_phase"], round(committed["p"], 2)) == (1, 0, 0.5)
 
 
 def test_the_issue48_prose_figures_come_from_the_json():
-    scores = results.rlx2_component_scores(0.9)
+    scores = results_rlx2.rlx2_component_scores(0.9)
     mean = {k: float(np.mean(v)) for k, v in scores.items()}
     with_target, without = mean["rlx2"] - mean["rlx2_fixed_buffer"], mean["rlx2_1step"] - mean["rigl"]
     section = DOCUMENT.split("### RLx2's components")[1].split("\n## ")[0]
@@ -106,7 +106,7 @@ def test_the_issue48_prose_figures_come_from_the_json():
            f"−{-at('sac', 7000)[1]:.0f} at 7k)" in memr and min(at("memr_oracle_full", 6000)) == at("memr_oracle_full",
                                                                                                     6000)[1]
     configs = results.load("memr_pendulum/results_issue38.json")["summary"]["configs"]
-    assert results.t_beside(configs["memr_uniform"]["auc"], configs["memr_oracle"]["auc"]) == "; t [-15.2, 47.3]"
+    assert results_core.t_beside(configs["memr_uniform"]["auc"], configs["memr_oracle"]["auc"]) == "; t [-15.2, 47.3]"
     assert "+16.1 with t [−15.2, 47.3]" in memr
     floor = json.loads((ROOT / "experiments/results/rlx2_compression_halfcheetah-v5" / "rlx2_floor_sample.json")
                        .read_text())
@@ -126,7 +126,7 @@ def test_parity_runs_share_evaluation_points_and_settings_with_the_presets():
         import parity_sb3
     finally:
         sys.path.remove(str(ROOT / "experiments"))
-    for pair in results.parity_pairs():
+    for pair in results_parity_crn_margins.parity_pairs():
         record = results.load(f"parity_sb3/{pair}.json")
         steps = record["popjax"]["eval_steps"]
         assert len(record["popjax"]["eval_seeds"]) == len(steps)
@@ -141,9 +141,9 @@ def test_the_parity_prose_figures_come_from_the_json():
     section = DOCUMENT.split("## Parity with reference implementations")[1].split("\n## ")[0]
 
     def diff(pair, measure):
-        s = results.parity_scores(pair)
+        s = results_parity_crn_margins.parity_scores(pair)
         a, b = s[measure]
-        return float(np.mean(a - b)), results.t_beside(a, b)
+        return float(np.mean(a - b)), results_core.t_beside(a, b)
 
     text = lambda x: f"{x:+.1f}".replace("-", "−")
     speed, t = diff("td3_pendulum", "speed")
@@ -152,7 +152,7 @@ def test_the_parity_prose_figures_come_from_the_json():
     assert f"behind on speed ({text(diff('dqn_cartpole', 'speed')[0])})" in section
     speed, t = diff("ppo_cartpole", "speed")
     assert f"(speed\n  {text(speed)}, t [−92.6, 32.2])" in section and t == "; t [-92.6, 32.2]"
-    final = results.parity_scores("dqn_cartpole")["final"]
+    final = results_parity_crn_margins.parity_scores("dqn_cartpole")["final"]
     assert f"finals from {min(map(min, final)):.0f} to\n  {max(map(max, final)):.0f}" in section
 
 
