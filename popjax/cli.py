@@ -264,6 +264,9 @@ def _add_sweep_parser(sub) -> None:
     sweep.add_argument("--storage", default=None, metavar="URL", help="SQLAlchemy URL of the study (shared by "
                                                                       "processes that name it)")
     sweep.add_argument("--study", default=None, metavar="NAME", help="study name (default popjax-<learner>-<env>)")
+    sweep.add_argument("--top", type=int, default=0, metavar="K", help="retrain the K best trials as runs in <out>/top "
+                       "and popjax compare them into <out>/compare (default 0: none)")
+    sweep.add_argument("--top-seeds", type=int, default=4, metavar="N", help="seeds of each retrained trial (4)")
     sweep.add_argument("--preset", default=None, choices=("auto", "none"))
     sweep.add_argument("--no-progress", action="store_true")
     sweep.add_argument("--compile-cache", default=None, metavar="DIR|off")
@@ -279,7 +282,8 @@ def _run_sweep(args: argparse.Namespace) -> None:
                   f"{trial.user_attrs.get('env_steps')} env steps)", flush=True)
 
     if args.resume is not None:
-        result = resume_sweep(args.resume, compile_cache=args.compile_cache, on_trial=report)
+        result = resume_sweep(args.resume, compile_cache=args.compile_cache, on_trial=report, top=args.top,
+                              top_seeds=args.top_seeds)
     else:
         options = train_options(args)
         space = args.space
@@ -288,7 +292,8 @@ def _run_sweep(args: argparse.Namespace) -> None:
         out = args.out or Path("sweeps") / f"{options.get('learner', 'td3')}-{options.get('env', 'default')}"
         result = sweep(options, out_dir=str(out).replace(":", "_"), n_trials=args.trials, search_space=space,
                        sampler=args.sampler, pruner=args.pruner, objective=args.objective, last_k=args.last_k,
-                       storage=args.storage, study=args.study, compile_cache=args.compile_cache, on_trial=report)
+                       storage=args.storage, study=args.study, compile_cache=args.compile_cache, on_trial=report,
+                       top=args.top, top_seeds=args.top_seeds)
     try:
         best = result.best
         print(f"best trial {best.number}: {best.value:.4g} {best.params}")
@@ -296,6 +301,9 @@ def _run_sweep(args: argparse.Namespace) -> None:
         print("no completed trial")
     for path in result.written:
         print(path)
+    if result.top is not None:
+        print(result.top.comparison.text)
+        print(*(result.top.comparison.written or []), sep="\n")
 
 
 BENCH_MISSING = ("the benchmarks are a separate distribution, popjax-bench: pip install -e benchmarks "

@@ -46,6 +46,8 @@ RUN_BY = {
     ("docs/tuning.md", "Sweeps", 0): "test_sweeps.py::test_the_guide_sweep_commands_run",
     ("docs/tuning.md", "Sweeps", 1): "test_sweeps.py::test_the_guide_sweep_commands_run",
     ("docs/tuning.md", "Sweeps", 2): "test_sweeps.py::test_the_guide_sweep_commands_run",
+    ("docs/tuning.md", "Comparing the top trials", 0):
+        "test_sweeps.py::test_the_top_trials_are_retrained_as_runs_and_compared",
     ("docs/planning.md", "Planning a run: memory and work before anything runs", 0):
         "test_planning.py::test_the_guide_plan_examples_print_what_they_show",
     ("docs/planning.md", "A run that cannot fit", 0):

@@ -323,3 +323,51 @@ def test_the_guide_sweep_commands_run(tmp_path, monkeypatch, capsys):
     exec(compile(block("docs/tuning.md", "Sweeps", 2).text, "docs/tuning.md", "exec"), namespace)
     assert namespace["result"].best.value == max(t.value for t in namespace["result"].study.get_trials()
                                                  if t.state.name == "COMPLETE")
+
+
+def test_the_top_trials_are_retrained_as_runs_and_compared(tmp_path, monkeypatch, capsys):
+    """docs/tuning.md, "Comparing the top trials": a finished sweep resumed with --top 3 --top-seeds 4 retrains its
+    three best completed trials as popjax train runs (the trial's hparams over 4 members) and compares them; the
+    comparison's values are the retrained runs' own final returns, paired by seed, the best trial the baseline."""
+    from docs_blocks import block, commands, tiny_argv
+
+    monkeypatch.chdir(tmp_path)
+    sweep(out_dir="sweeps/td3", pop_size=2, n_trials=4, search_space=SPACE, **TINY)
+    (command,) = commands(block("docs/tuning.md", "Comparing the top trials", 0))
+    assert cli.main(tiny_argv(command.argv)) == 0, capsys.readouterr().err[-2000:]
+    capsys.readouterr()
+    out = tmp_path / "sweeps" / "td3"
+    study = optuna.load_study(study_name="popjax-td3-probe:pendulum", storage=f"sqlite:///{out / 'study.db'}")
+    assert len(study.get_trials()) == 4  # resuming a finished sweep trained no more trials
+    best3 = sorted(study.get_trials(), key=lambda t: -t.value)[:3]
+    assert sorted(p.name for p in (out / "top").iterdir()) == sorted(f"trial{t.number}" for t in best3)
+    finals = {}
+    for t in best3:
+        run = out / "top" / f"trial{t.number}"
+        config = cli._load_yaml(run / "config.yaml")
+        assert config["hparams"] == t.params and config["pop_size"] == 4 and config["driver"] == "independent"
+        assert (config["total_env_steps"], config["learner_config"]["hidden"]) == (200, [8, 8])  # the sweep's run
+        finals[f"trial{t.number}"] = json.loads((run / "summary.json").read_text())["final_returns"]
+        assert len(finals[f"trial{t.number}"]) == 4
+    report = json.loads((out / "compare" / "compare.json").read_text())
+    assert report["label"] == "name" and report["baseline"] == f"trial{best3[0].number}"
+    assert [r["group"] for r in report["rows"]] == [f"trial{t.number}" for t in best3]  # best first
+    base = finals[report["baseline"]]
+    for row in report["rows"]:
+        assert row["runs"] == 4 and row["seeds"] == ["0:0", "0:1", "0:2", "0:3"]
+        assert row["mean"] == pytest.approx(np.mean(finals[row["group"]]), rel=1e-6)
+        if not row["baseline"]:  # paired by seed: the mean of the per-seed differences
+            assert row["paired_diff"] == pytest.approx(np.mean(finals[row["group"]]) - np.mean(base), abs=1e-4)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    code = cli.main(tiny_argv(command.argv))  # a second retraining is refused: one line, exit 2, nothing written
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "top: " in err and "exists" in err, err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+@pytest.mark.parametrize("top, seeds, expected", [(-1, 4, "top: expected an integer >= 0, got -1"),
+                                                  (2, 0, "top_seeds: expected an integer >= 1, got 0")])
+def test_a_bad_top_is_refused_before_anything_is_written(tmp_path, top, seeds, expected):
+    with pytest.raises(ConfigError, match=expected):
+        sweep(out_dir=tmp_path / "s", pop_size=2, n_trials=2, top=top, top_seeds=seeds, **TINY)
+    assert not (tmp_path / "s").exists()

@@ -4,7 +4,9 @@ Trials are asked in batches of ``pop_size`` and trained by one compiled ``indepe
 (``popjax.sweeps.slots``); a pruned trial's slot is refilled in place (``popjax.sweeps.scheduler``). The study
 lives in Optuna's RDB storage: ``<dir>/study.db`` (SQLite) unless ``storage`` names another SQLAlchemy URL, which
 several processes may share. The sweep directory holds ``sweep.yaml`` (what ``resume_sweep`` reads), the study,
-and at the end trials.csv, best.yaml, importances.json and plots/ (``popjax.sweeps.outputs``).
+and at the end trials.csv, best.yaml, importances.json and plots/ (``popjax.sweeps.outputs``); with ``top``, the
+best trials retrained as run directories in top/ and ``popjax compare`` over them in compare/
+(``popjax.sweeps.top``).
 
 Resume after a kill: the trials that were running are told FAIL and their params re-queued (``enqueue_trial``),
 so each is trained again from its start. They cannot continue: a member's state lives only in the population
@@ -32,6 +34,7 @@ from popjax.rundir import RunLock
 from popjax.sweeps.options import SweepOptions, make_pruner, make_sampler, require_optuna
 from popjax.sweeps.scheduler import OWNER, finished_here, run_trials
 from popjax.sweeps.space import as_plain, distributions, resolve_space
+from popjax.sweeps.top import TopResult, check_top, retrain_top
 
 SWEEP_FILE = "sweep.yaml"  # marks a sweep directory popjax created
 
@@ -44,6 +47,7 @@ class SweepResult:
     study: Any
     traces: dict[str, int]
     written: list[Path]
+    top: TopResult | None = None
 
     @property
     def best(self):
@@ -56,7 +60,7 @@ def sweep(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str |
           pruner: Any = "none", objective: str = "final", last_k: int = 3, storage: str | None = None,
           study: str | None = None, instrument: Callable[[str, Any], Callable] | None = None,
           compile_cache: str | Path | None = None, on_trial: Callable[[Any, str, float], None] | None = None,
-          **options: Any) -> SweepResult:
+          top: int = 0, top_seeds: int = 4, **options: Any) -> SweepResult:
     """Runs an Optuna study over the learner's traced hparams, ``pop_size`` trials at a time in one population.
 
     Args:
@@ -72,6 +76,8 @@ def sweep(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str |
       objective: ``final``, ``last_k`` (mean of the last ``last_k`` evaluations) or ``auc``.
       storage: an SQLAlchemy URL (default ``sqlite:///<out_dir>/study.db``); study: the study's name.
       instrument: as for ``popjax.train``; on_trial: ``(trial, state name, value)`` after each finished trial.
+      top, top_seeds: after the study, retrain its ``top`` best completed trials over ``top_seeds`` seeds each
+        (``popjax train`` runs in ``<out_dir>/top/``) and compare them (``<out_dir>/compare/``); 0: none.
 
     Raises:
       ConfigError: one line, before anything is written.
@@ -96,6 +102,7 @@ def sweep(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str |
     _check_cadence(run_config)
     out = Path(out_dir)
     _check_new_sweep(out)
+    check_top(out, top, top_seeds)
     _use_compile_cache(compile_cache, out)
     sweep_id = uuid.uuid4().hex
     external = _open_storage(opts.storage) if opts.storage is not None else None  # before anything is written
@@ -108,18 +115,22 @@ def sweep(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str |
                  "search_space": as_plain(space)}
         _write_yaml(out / SWEEP_FILE, saved)
         storage_ = external if external is not None else _open_storage(_default_storage(out))
-        return _run(storage_, population, opts, space, sweep_id, out, sampler, pruner, on_trial)
+        return _run(storage_, population, opts, space, sweep_id, out, sampler, pruner, on_trial,
+                    top=(top, top_seeds, compile_cache))
 
 
 def resume_sweep(out_dir: str | Path, *, sampler: Any = None, pruner: Any = None,
                  instrument: Callable[[str, Any], Callable] | None = None, compile_cache: str | Path | None = None,
-                 on_trial: Callable[[Any, str, float], None] | None = None) -> SweepResult:
+                 on_trial: Callable[[Any, str, float], None] | None = None, top: int = 0,
+                 top_seeds: int = 4) -> SweepResult:
     """Continues a killed (or finished) sweep: its running trials are failed and re-queued (module docstring),
     then trials run until ``n_trials`` of this sweep are finished. ``sampler``/``pruner``: the objects a sweep
-    started with them must be given again (their names are in sweep.yaml otherwise)."""
+    started with them must be given again (their names are in sweep.yaml otherwise). ``top``/``top_seeds`` as
+    for ``sweep`` (a finished sweep resumed with ``top`` only retrains and compares its best trials)."""
     require_optuna()
     out = Path(out_dir)
     saved = _read_sweep(out)
+    check_top(out, top, top_seeds)
     run_config = make_config(**saved["config"])
     learner_def = LEARNERS[run_config.learner]
     space = resolve_space(saved["search_space"], run_config.learner, learner_def, fixed=tuple(run_config.hparams))
@@ -141,7 +152,7 @@ def resume_sweep(out_dir: str | Path, *, sampler: Any = None, pruner: Any = None
         study_ = _study(storage_, opts, sampler, pruner, run_config)
         requeue_interrupted(study_, saved["sweep_id"])
         return _run(storage_, population, opts, space, saved["sweep_id"], out, sampler, pruner, on_trial,
-                    study_=study_)
+                    study_=study_, top=(top, top_seeds, compile_cache))
 
 
 def requeue_interrupted(study, sweep_id: str) -> list[int]:
@@ -158,7 +169,7 @@ def requeue_interrupted(study, sweep_id: str) -> list[int]:
 
 
 def _run(storage, population, opts: SweepOptions, space, sweep_id: str, out: Path, sampler, pruner, on_trial,
-         study_=None) -> SweepResult:
+         study_=None, top: tuple = (0, 4, None)) -> SweepResult:
     from popjax.sweeps.outputs import write_outputs
 
     config = population.config
@@ -169,7 +180,9 @@ def _run(storage, population, opts: SweepOptions, space, sweep_id: str, out: Pat
     finally:
         population.close()
     written = write_outputs(study_, out, config.to_dict(), sweep_id)
-    return SweepResult(out, study_, population.traces, written)
+    k, seeds, cache = top
+    retrained = retrain_top(study_, config.to_dict(), out, k, seeds, cache) if k else None
+    return SweepResult(out, study_, population.traces, written, retrained)
 
 
 def _study(storage, opts: SweepOptions, sampler, pruner, config: RunConfig):

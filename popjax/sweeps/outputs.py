@@ -46,10 +46,17 @@ def _trials_csv(trials, path: Path) -> Path:
     return path
 
 
-def _best_yaml(best, config: Mapping[str, Any], study, path: Path) -> Path:
+def trial_options(config: Mapping[str, Any], params: Mapping[str, Any], pop_size: int = 1) -> dict[str, Any]:
+    """The ``popjax train`` options of a trial: the sweep's run config with the trial's hparams over ``pop_size``
+    members (each its own seed stream)."""
     options = {k: v for k, v in config.items() if k not in TRAINING_ONLY}
-    options["pop_size"] = 1
-    options["hparams"] = {**dict(options.get("hparams") or {}), **best.params}
+    options["pop_size"] = pop_size
+    options["hparams"] = {**dict(options.get("hparams") or {}), **params}
+    return options
+
+
+def _best_yaml(best, config: Mapping[str, Any], study, path: Path) -> Path:
+    options = trial_options(config, best.params)
     header = (f"# popjax sweep: the best completed trial of study {study.study_name!r}: trial {best.number}, "
               f"objective {best.value:.6g}\n# retrain it: popjax train --config {path.name} "
               "(pop_size: N retrains it over N members, each its own seed stream)\n")
