@@ -12,69 +12,99 @@ import verdicts
 from results_core import RESULTS, both_evidence, load, md, mean_sd, num, seeds, table, verdict_text
 
 PARITY = {"td3_pendulum": "TD3, Pendulum-v1", "sac_pendulum": "SAC, Pendulum-v1", "dqn_cartpole": "DQN, CartPole-v1",
-          "ppo_cartpole": "PPO, CartPole-v1"}
+          "ppo_cartpole": "PPO, CartPole-v1", "td3_hopper": "TD3, Hopper-v5 (30k steps)"}
+# popjax with one named difference from SB3 changed (``parity_sb3.VARIANTS``), against its base pair's SB3 runs
+ABLATIONS = {"ppo_cartpole_halved_value": "PPO, CartPole-v1, popjax's value term halved (vf_coef 0.5)",
+             "dqn_cartpole_single_q": "DQN, CartPole-v1, no double Q, ε ending at 8k env steps"}
 
 
 def parity_scores(pair: str) -> dict:
     """Per seed, each side's final (mean of the last 3 evaluations) and learning speed (mean over the evaluations at
-    or after the warm-up), from results/parity_sb3/<pair>.json (``parity_sb3.py``): popjax member m, SB3 seed m."""
+    or after the warm-up), from results/parity_sb3/<pair>.json (``parity_sb3.py``): popjax member m, SB3 seed m (an
+    ablation: its base pair's SB3 runs, on the same evaluation episodes)."""
     d = load(f"parity_sb3/{pair}.json")
+    base = load(f"parity_sb3/{d['variant']['base']}.json") if "variant" in d else d
     pj, steps = d["popjax"], np.asarray(d["popjax"]["eval_steps"])
+    if pj["eval_seeds"] != base["popjax"]["eval_seeds"]:
+        raise ValueError(f"parity_sb3/{pair}.json: evaluated on other episodes than its SB3 runs")
     after = steps >= pj["preset"].get("warmup_steps", 0)
     popjax = np.asarray([[v for _, v in c] for c in pj["curves"]], dtype=float)
-    sb3 = np.asarray([[v for _, _, v in r["curve"]] for r in sorted(d["sb3"]["runs"], key=lambda r: r["seed"])],
+    sb3 = np.asarray([[v for _, _, v in r["curve"]] for r in sorted(base["sb3"]["runs"], key=lambda r: r["seed"])],
                      dtype=float)
     if popjax.shape != sb3.shape:
         raise ValueError(f"parity_sb3/{pair}.json: popjax {popjax.shape} and SB3 {sb3.shape} evaluations differ")
     return {"env": f"gym:{d['env']}", "final": (popjax[:, -3:].mean(1), sb3[:, -3:].mean(1)),
             "speed": (popjax[:, after].mean(1), sb3[:, after].mean(1)), "wall": (pj["wall_s"],
-            sum(r["wall_s"] for r in d["sb3"]["runs"])), "load": pj["load_1min_before"], "n": len(popjax)}
+            sum(r["wall_s"] for r in base["sb3"]["runs"])), "load": pj["load_1min_before"], "n": len(popjax)}
 
 
-def parity_pairs() -> list[str]:
-    return [p for p in PARITY if (RESULTS / "parity_sb3" / f"{p}.json").exists()
-            and len(load(f"parity_sb3/{p}.json").get("sb3", {}).get("runs", [])) == len(
-                load(f"parity_sb3/{p}.json")["popjax"]["curves"])]
+def parity_pairs(names: dict[str, str] = PARITY) -> list[str]:
+    """The pairs (or ablations) whose runs are complete: as many SB3 runs as popjax members."""
+    def complete(name: str) -> bool:
+        d = load(f"parity_sb3/{name}.json")
+        base = load(f"parity_sb3/{d['variant']['base']}.json") if "variant" in d else d
+        return len(base.get("sb3", {}).get("runs", [])) == len(d["popjax"]["curves"])
+    return [p for p in names if (RESULTS / "parity_sb3" / f"{p}.json").exists() and complete(p)]
+
+
+def parity_rows(names: dict[str, str]) -> list[list[str]]:
+    rows = []
+    for pair in parity_pairs(names):
+        s = parity_scores(pair)
+        verdict, v_final, v_speed = verdicts.both_measures(s["final"], s["speed"], -margins.margin(s["env"]), s["env"],
+                                                          s["final"][1])
+        rows.append([f"{names[pair]}, n = {s['n']}", f"{mean_sd(s['final'][0], 1)} / {mean_sd(s['final'][1], 1)}",
+                     verdict_text(v_final).replace("**", ""), f"{mean_sd(s['speed'][0], 1)} / "
+                     f"{mean_sd(s['speed'][1], 1)}", verdict_text(v_speed).replace("**", ""), f"**{verdict}**",
+                     f"{num(s['wall'][0])} / {num(s['wall'][1])} (load {num(s['load'], 1)})"])
+    return rows
+
+
+PARITY_HEADER = ["learner, env, seeds per side", "final: popjax / SB3", "popjax − SB3, final", "speed: popjax / SB3",
+                 "popjax − SB3, speed", "popjax matches SB3", "wall s: popjax (all seeds, one run) / SB3 (sum of runs)"]
 
 
 @table
 def parity_sb3() -> list[str]:
     """popjax − SB3 per pair: each side's final and learning speed (mean ± SD, ddof 1), the paired differences
     against the one margin, the verdict (``margins.combine``) and each side's wall time on the shared machine."""
-    rows = []
-    for pair in parity_pairs():
-        s = parity_scores(pair)
-        verdict, v_final, v_speed = verdicts.both_measures(s["final"], s["speed"], -margins.margin(s["env"]), s["env"],
-                                                          s["final"][1])
-        rows.append([PARITY[pair], f"{mean_sd(s['final'][0], 1)} / {mean_sd(s['final'][1], 1)}",
-                     verdict_text(v_final).replace("**", ""), f"{mean_sd(s['speed'][0], 1)} / "
-                     f"{mean_sd(s['speed'][1], 1)}", verdict_text(v_speed).replace("**", ""), f"**{verdict}**",
-                     f"{num(s['wall'][0])} / {num(s['wall'][1])} (load {num(s['load'], 1)})"])
-    n = parity_scores(parity_pairs()[0])["n"] if parity_pairs() else 0
-    return md([f"learner, env (n = {n} seeds per side)", "final: popjax / SB3", "popjax − SB3, final",
-               "speed: popjax / SB3", "popjax − SB3, speed", "popjax matches SB3",
-               "wall s: popjax (all seeds, one run) / SB3 (sum of runs)"], rows)
+    return md(PARITY_HEADER, parity_rows(PARITY))
+
+
+@table
+def parity_ablations() -> list[str]:
+    """The same comparison for popjax with one named difference from SB3 changed (against the base pair's SB3
+    runs; SB3's wall time is theirs)."""
+    return md(PARITY_HEADER, parity_rows(ABLATIONS))
+
+
+CRN_RUNS = {"eval_crn_pbt_3000.json": "still learning (3k steps)", "eval_crn_pbt.json": "near solved (8k steps)"}
 
 
 @table
 def eval_crn_pbt() -> list[str]:
     """PBT's exploit choice and the fitness-difference noise on 8 fixed policies, evaluated ``reps`` times under each
-    evaluation protocol (``eval_crn_pbt.py``)."""
-    if not (RESULTS / "eval_crn_pbt.json").exists():
+    evaluation protocol (``eval_crn_pbt.py``), for a population still learning and one near solved."""
+    names = {"member": "own start states (`member`)", "common": "the same start states (`common`)"}
+    rows, notes = [], []
+    for path, population in CRN_RUNS.items():
+        if not (RESULTS / path).exists():
+            continue
+        d = load(path)
+        rows += [[population, names[k], num(v["pair_sd_mean"], 1), num(v["member_sd_mean"], 1),
+                  f"{100 * v['choice_changes']:.0f} %", f"{100 * v['choice_differs_from_reference']:.0f} %",
+                  f"{100 * v['replaced_differs_from_reference']:.0f} %"] for k, v in d["summary"].items()]
+        ratio = d["summary"]["common"]["pair_sd_mean"] / d["summary"]["member"]["pair_sd_mean"]
+        notes.append(f"{population}: common start states scale the noise of a fitness difference by {ratio:.2f}; "
+                     f"reference fitness (every episode of both protocols): {seeds(d['reference_fitness'])}.")
+    if not rows:
         return ["Not run yet."]
     d = load("eval_crn_pbt.json")
-    names = {"member": "each member its own start states (`eval_starts: member`)",
-             "common": "the same start states for every member (`eval_starts: common`)"}
-    rows = [[names[k], num(v["pair_sd_mean"], 1), num(v["member_sd_mean"], 1), f"{100 * v['choice_changes']:.0f} %",
-             f"{100 * v['choice_differs_from_reference']:.0f} %", f"{100 * v['replaced_differs_from_reference']:.0f} %"]
-            for k, v in d["summary"].items()]
-    ratio = d["summary"]["common"]["pair_sd_mean"] / d["summary"]["member"]["pair_sd_mean"]
-    return md([f"evaluation ({d['reps']} evaluations of {d['eval_episodes']} episodes per member)",
+    return md(["population", f"evaluation ({d['reps']} evaluations of {d['eval_episodes']} episodes per member)",
                "SD of f_i − f_j (mean over the 28 pairs)", "SD of f_i (mean over members)",
                "exploit choice changes between consecutive evaluations",
                "exploit choice differs from the reference ranking's", "replaced members differ from the reference's"],
-              rows) + ["", f"Common start states scale the noise of a fitness difference by {ratio:.2f}. Reference "
-                           f"fitness (every episode of both protocols): {seeds(d['reference_fitness'])}."]
+              rows) + [""] + [" ".join(notes)]
 
 
 @table

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from popjax import stats
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 try:
@@ -135,6 +137,10 @@ def test_parity_runs_share_evaluation_points_and_settings_with_the_presets():
         # the SB3 side ran popjax's preset (a preset that changed since would no longer match)
         assert record["sb3"]["settings"] == json.loads(json.dumps(parity_sb3.sb3_settings(pair)))
         assert record["popjax"]["preset"] == json.loads(json.dumps(parity_sb3.preset(pair)))
+    for ablation in results_parity_crn_margins.parity_pairs(results_parity_crn_margins.ABLATIONS):
+        record = results.load(f"parity_sb3/{ablation}.json")  # its own settings, its base pair's SB3 runs
+        assert record["popjax"]["preset"] == json.loads(json.dumps(parity_sb3.preset(ablation))) != \
+            results.load(f"parity_sb3/{record['variant']['base']}.json")["popjax"]["preset"]
 
 
 def test_the_parity_prose_figures_come_from_the_json():
@@ -143,17 +149,22 @@ def test_the_parity_prose_figures_come_from_the_json():
     def diff(pair, measure):
         s = results_parity_crn_margins.parity_scores(pair)
         a, b = s[measure]
-        return float(np.mean(a - b)), results_core.t_beside(a, b)
+        low, high = stats.t_interval(a - b)
+        return float(np.mean(a - b)), f"; t [{results_core.num(low, 1)}, {results_core.num(high, 1)}]"
 
     text = lambda x: f"{x:+.1f}".replace("-", "−")
     speed, t = diff("td3_pendulum", "speed")
     assert f"({text(speed)} in speed, t [−40.2, 29.7])" in section and t == "; t [-40.2, 29.7]"
-    assert f"ahead on the final mean ({text(diff('dqn_cartpole', 'final')[0])})" in section
-    assert f"behind on speed ({text(diff('dqn_cartpole', 'speed')[0])})" in section
+    final, speed = diff("dqn_cartpole", "final")[0], diff("dqn_cartpole", "speed")[0]
+    assert f"popjax is behind on both means (final {text(final)}, speed {text(speed)})" in section
+    speed, t = diff("dqn_cartpole_single_q", "speed")
+    assert f"(speed {text(speed)}, t [−96.2, −22.9])" in section and t == "; t [-96.2, -22.9]"
+    speed, t = diff("ppo_cartpole_halved_value", "speed")
+    assert f"(speed\n  {text(speed)}, t [−51.0, 0.8]" in section and t == "; t [-51.0, 0.8]"
     speed, t = diff("ppo_cartpole", "speed")
-    assert f"(speed\n  {text(speed)}, t [−92.6, 32.2])" in section and t == "; t [-92.6, 32.2]"
+    assert f"popjax's speed is {text(speed)} (t [−33.8, 10.4])" in section and t == "; t [-33.8, 10.4]"
     final = results_parity_crn_margins.parity_scores("dqn_cartpole")["final"]
-    assert f"finals from {min(map(min, final)):.0f} to\n  {max(map(max, final)):.0f}" in section
+    assert f"finals\n  from {min(map(min, final)):.0f} to {max(map(max, final)):.0f}" in section
 
 
 def test_the_crn_prose_figures_come_from_the_json():
