@@ -5,13 +5,14 @@ presets copy, the same budget and the same evaluation episodes.
         ppo_cartpole,td3_hopper] [--seeds 5] [--side both|popjax|sb3]
 
 Pairs (``PAIRS``): TD3 and SAC on gym:Pendulum-v1, DQN and PPO on gym:CartPole-v1, TD3 on gym:Hopper-v5 (30k
-steps). Ablations (``VARIANTS``): popjax with one named difference from SB3 removed, paired with its base pair's SB3
-runs (popjax side only). popjax side: one population of
-``--seeds`` members (``driver: independent``, ``seed: 0``, ``preset: auto``: the learner's PRESETS row),
-``eval_starts: common``. SB3 side: seed s = 0 .. seeds-1, one run each, with the same values written in SB3's
-terms (``sb3_model``; ``torch.set_num_threads(1)``, device cpu). Where the zoo uses a schedule popjax does not
-reproduce (PPO's linear learning rate and clip range), SB3 gets popjax's constant values, so the two sides run the
-same settings.
+steps). Ablations (``VARIANTS``): one named difference between the two sides changed, on popjax's side (paired with
+the base pair's SB3 runs) or on SB3's (``sb3_init``: paired with the base pair's popjax runs).
+
+popjax side: one population of ``--seeds`` members (``driver: independent``, ``seed: 0``, ``preset: auto``: the
+learner's PRESETS row), ``eval_starts: common``. SB3 side: seed s = 0 .. seeds-1, one run each, with the same
+values written in SB3's terms (``sb3_model``; ``torch.set_num_threads(1)``, device cpu). Where the zoo uses a
+schedule popjax does not reproduce (PPO's linear learning rate and clip range), SB3 gets popjax's constant values, so
+the two sides run the same settings.
 
 Evaluation (the same on both sides): at every env step at which popjax evaluated (``eval_interval``, after that
 iteration's updates), ``eval_episodes`` deterministic episodes from the gymnasium reset seeds popjax's evaluation
@@ -71,6 +72,10 @@ VARIANTS = {
     # (8k env steps; popjax counts updates: 1k warm-up steps, then 0.5 updates per env step, 3,500 updates).
     "dqn_cartpole_single_q": {"base": "dqn_cartpole", "learner_config": {"double_q": False},
                               "hparams": {"epsilon_decay_steps": 3_500}},
+    # The other way round: SB3 initialised as flax initialises popjax's layers (LeCun normal weights, SD
+    # 1/sqrt(fan_in), truncated at 2 SD; zero biases) instead of PyTorch's uniform +-1/sqrt(fan_in) weights and
+    # biases, against the base pair's popjax runs (``sb3_init``: new SB3 runs, popjax's copied from the base pair).
+    "dqn_cartpole_sb3_lecun_init": {"base": "dqn_cartpole", "sb3_init": "lecun_normal"},
 }
 
 
@@ -93,7 +98,7 @@ def pair_of(name: str) -> dict:
 
 def sb3_settings(pair: str) -> dict:
     """popjax's preset in SB3's keyword arguments (the zoo's names)."""
-    p, pre = PAIRS[pair], preset(pair)
+    p, pre = pair_of(pair), preset(pair)
     hp, lc = pre.get("hparams", {}), pre.get("learner_config", {})
     if p["sb3_algo"] == "TD3":
         return {"learning_rate": hp["actor_lr"], "buffer_size": pre["buffer_size"],
@@ -157,7 +162,7 @@ def sb3_model(pair: str, seed: int):
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.noise import NormalActionNoise
 
-    p, kw = PAIRS[pair], dict(sb3_settings(pair))
+    p, kw = pair_of(pair), dict(sb3_settings(pair))
     cls = getattr(sb3, p["sb3_algo"])
     if p["sb3_algo"] == "PPO":
         env = make_vec_env(p["env"], n_envs=kw.pop("n_envs"), seed=seed)
@@ -167,7 +172,25 @@ def sb3_model(pair: str, seed: int):
         std = kw.pop("action_noise_std")
         dims = env.action_space.shape
         kw["action_noise"] = NormalActionNoise(np.zeros(dims), std * np.ones(dims))
-    return cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
+    model = cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
+    if VARIANTS.get(pair, {}).get("sb3_init") == "lecun_normal":
+        lecun_normal_init(model)
+    return model
+
+
+def lecun_normal_init(model) -> None:
+    """Re-initialises every linear layer of ``model``'s policy as flax's ``Dense`` defaults do (the optimizer holds
+    the same tensors) and copies the online Q-network into its target, as SB3 does after building them."""
+    import torch
+
+    with torch.no_grad():
+        for layer in model.policy.modules():
+            if isinstance(layer, torch.nn.Linear):
+                std = (1.0 / layer.in_features) ** 0.5 / 0.87962566103423978  # JAX's truncated-normal correction
+                torch.nn.init.trunc_normal_(layer.weight, std=std, a=-2 * std, b=2 * std)
+                torch.nn.init.zeros_(layer.bias)
+    if hasattr(model, "q_net_target"):
+        model.q_net_target.load_state_dict(model.q_net.state_dict())
 
 
 def evaluate_sb3(model, env_id: str, seeds: list[int]) -> float:
@@ -241,7 +264,10 @@ def main() -> None:
         record = json.loads(path.read_text()) if path.exists() else {"pair": pair, **pair_of(pair)}
         if pair in VARIANTS:
             record["variant"] = VARIANTS[pair]
-        if args.side in ("both", "popjax") and (args.rerun_popjax or
+        sb3_only = "sb3_init" in VARIANTS.get(pair, {})
+        if sb3_only and "popjax" not in record:  # the base pair's popjax runs, scored on the same episodes
+            record["popjax"] = json.loads((folder / f"{VARIANTS[pair]['base']}.json").read_text())["popjax"]
+        if args.side in ("both", "popjax") and not sb3_only and (args.rerun_popjax or
                                                 len(record.get("popjax", {}).get("curves", ())) < args.seeds):
             old_seeds = record.get("popjax", {}).get("eval_seeds")
             record["popjax"] = run_popjax(pair, args.seeds, args.steps)
@@ -250,7 +276,7 @@ def main() -> None:
                 record.pop("sb3", None)  # scored on other episodes: not comparable
             path.write_text(json.dumps(record, indent=1) + "\n")
             print(f"{pair} popjax: {record['popjax']['wall_s']:.0f} s", flush=True)
-        if args.side in ("both", "sb3") and "popjax" in record and pair not in VARIANTS:
+        if args.side in ("both", "sb3") and "popjax" in record and (pair not in VARIANTS or sb3_only):
             run_sb3_seeds(pair, record, args.seeds, path)
 
 

@@ -13,9 +13,11 @@ from results_core import RESULTS, both_evidence, load, md, mean_sd, num, seeds, 
 
 PARITY = {"td3_pendulum": "TD3, Pendulum-v1", "sac_pendulum": "SAC, Pendulum-v1", "dqn_cartpole": "DQN, CartPole-v1",
           "ppo_cartpole": "PPO, CartPole-v1", "td3_hopper": "TD3, Hopper-v5 (30k steps)"}
-# popjax with one named difference from SB3 changed (``parity_sb3.VARIANTS``), against its base pair's SB3 runs
+# one named difference changed (``parity_sb3.VARIANTS``): popjax's side against the base pair's SB3 runs, or SB3's
+# side (``sb3_init``) against the base pair's popjax runs
 ABLATIONS = {"ppo_cartpole_halved_value": "PPO, CartPole-v1, popjax's value term halved (vf_coef 0.5)",
-             "dqn_cartpole_single_q": "DQN, CartPole-v1, no double Q, ε ending at 8k env steps"}
+             "dqn_cartpole_single_q": "DQN, CartPole-v1, no double Q, ε ending at 8k env steps",
+             "dqn_cartpole_sb3_lecun_init": "DQN, CartPole-v1, SB3 initialised as popjax (LeCun normal, zero biases)"}
 
 
 def parity_scores(pair: str) -> dict:
@@ -23,7 +25,7 @@ def parity_scores(pair: str) -> dict:
     or after the warm-up), from results/parity_sb3/<pair>.json (``parity_sb3.py``): popjax member m, SB3 seed m (an
     ablation: its base pair's SB3 runs, on the same evaluation episodes)."""
     d = load(f"parity_sb3/{pair}.json")
-    base = load(f"parity_sb3/{d['variant']['base']}.json") if "variant" in d else d
+    base = load(f"parity_sb3/{d['variant']['base']}.json") if "variant" in d and "sb3" not in d else d
     pj, steps = d["popjax"], np.asarray(d["popjax"]["eval_steps"])
     if pj["eval_seeds"] != base["popjax"]["eval_seeds"]:
         raise ValueError(f"parity_sb3/{pair}.json: evaluated on other episodes than its SB3 runs")
@@ -42,7 +44,7 @@ def parity_pairs(names: dict[str, str] = PARITY) -> list[str]:
     """The pairs (or ablations) whose runs are complete: as many SB3 runs as popjax members."""
     def complete(name: str) -> bool:
         d = load(f"parity_sb3/{name}.json")
-        base = load(f"parity_sb3/{d['variant']['base']}.json") if "variant" in d else d
+        base = load(f"parity_sb3/{d['variant']['base']}.json") if "variant" in d and "sb3" not in d else d
         return len(base.get("sb3", {}).get("runs", [])) == len(d["popjax"]["curves"])
     return [p for p in names if (RESULTS / "parity_sb3" / f"{p}.json").exists() and complete(p)]
 
