@@ -20,12 +20,18 @@ ABLATIONS = {"ppo_cartpole_halved_value": "PPO, CartPole-v1, popjax's value term
              "dqn_cartpole_sb3_lecun_init": "DQN, CartPole-v1, SB3 initialised as popjax (LeCun normal, zero biases)"}
 
 
+def sb3_record(d: dict) -> dict:
+    """The record holding the SB3 runs ``d`` is scored against: its own, or (a popjax-side ablation) its base pair's."""
+    popjax_side = "variant" in d and "sb3_init" not in d["variant"]
+    return load(f"parity_sb3/{d['variant']['base']}.json") if popjax_side else d
+
+
 def parity_scores(pair: str) -> dict:
     """Per seed, each side's final (mean of the last 3 evaluations) and learning speed (mean over the evaluations at
     or after the warm-up), from results/parity_sb3/<pair>.json (``parity_sb3.py``): popjax member m, SB3 seed m (an
     ablation: its base pair's SB3 runs, on the same evaluation episodes)."""
     d = load(f"parity_sb3/{pair}.json")
-    base = load(f"parity_sb3/{d['variant']['base']}.json") if "variant" in d and "sb3" not in d else d
+    base = sb3_record(d)
     pj, steps = d["popjax"], np.asarray(d["popjax"]["eval_steps"])
     if pj["eval_seeds"] != base["popjax"]["eval_seeds"]:
         raise ValueError(f"parity_sb3/{pair}.json: evaluated on other episodes than its SB3 runs")
@@ -44,7 +50,7 @@ def parity_pairs(names: dict[str, str] = PARITY) -> list[str]:
     """The pairs (or ablations) whose runs are complete: as many SB3 runs as popjax members."""
     def complete(name: str) -> bool:
         d = load(f"parity_sb3/{name}.json")
-        base = load(f"parity_sb3/{d['variant']['base']}.json") if "variant" in d and "sb3" not in d else d
+        base = sb3_record(d)
         return len(base.get("sb3", {}).get("runs", [])) == len(d["popjax"]["curves"])
     return [p for p in names if (RESULTS / "parity_sb3" / f"{p}.json").exists() and complete(p)]
 
