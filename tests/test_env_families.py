@@ -266,6 +266,50 @@ def test_bench_envstep_family_rows(tmp_path):
         envstep.Options(families=("gym:Pendulum-v1",))
 
 
+def test_bench_family_sides_carry_what_their_step_returns():
+    """Both sides' scans carry the observation (a carry of the env state alone lets XLA drop the package's
+    observation, which the adapter must compute): gymnax's carry is its whole step output, popjax's the vec env
+    state and the ``StepOutput``."""
+    from popjax_bench import envstep_families
+
+    key = jax.random.key(0)
+    init, step = envstep_families.native("gymnax:CartPole-v1", 2)
+    obs, _, reward, terminated, truncated, info = step(key, init(key))
+    assert obs.shape == (2, 4) and reward.shape == terminated.shape == truncated.shape == (2,)
+    assert info["final_observation"].shape == (2, 4)
+    _, init, step = envstep_families.adapter("gymnax:CartPole-v1", 2)
+    state, out = step(key, init(key))
+    assert state.obs.shape == out.next_obs.shape == (2, 4) and out.done.shape == (2,)
+
+
+def test_rejax_section_renders_from_its_json():
+    from popjax_bench import report, report_rejax
+
+    arm = lambda wall, returns, load: {"wall_s": wall, "compile_s": 2.0, "train_s": wall - 2.0,
+                                       "env_steps_per_member": 100_096, "final_returns": returns,
+                                       "mean_final_return": sum(returns) / len(returns), "load_1min_before": load,
+                                       "load_1min_after": load + 0.5}
+    run = lambda name, ours, theirs: {"clipping": name, "arms": {"popjax": ours, "rejax": theirs},
+                                      "time_ratio": ours["wall_s"] / theirs["wall_s"],
+                                      "train_time_ratio": ours["train_s"] / theirs["train_s"]}
+    rejax = {"versions": {"rejax": "0.1.3"}}
+    payload = {"study": "rejax_ppo", "env": "gymnax:CartPole-v1", "pop": 2, "seed": 0, "env_steps_per_member": 100_096,
+               "eval_episodes": 32, "unmatched": ["initialisation"],
+               "settings": dict(envs=8, rollout_len=32, epochs=20, minibatches=1, lr=1e-3, discount=0.98,
+                                gae_lambda=0.8, clip=0.2, ent_coef=0.0, vf_coef=0.5, hidden=[64, 64],
+                                activation="tanh"),
+               "runs": [run("none", arm(10.0, [500.0, 480.0], 3.0), {**arm(20.0, [500.0, 300.0], 4.0), **rejax}),
+                        run("0.5", arm(12.0, [100.0, 100.0], 3.0), {**arm(10.0, [500.0, 500.0], 4.0), **rejax})]}
+    text = "\n".join(report_rejax.section_rejax_ppo(payload))
+    assert "| none | popjax | 10.0 | 2.0 | 8.0 | 100,096 | 490.0 | 1 / 2 | 480.0 | 3.00 → 3.50 |" in text
+    assert "| none | rejax | 20.0 | 2.0 | 18.0 | 100,096 | 400.0 | 1 / 2 | 300.0 | 4.00 → 4.50 |" in text
+    assert "- none: popjax / rejax wall time 0.50× (train time 0.44×); popjax's mean final return is equal or better" \
+        in text
+    assert "- 0.5: popjax / rejax wall time 1.20× (train time 1.25×); popjax's mean final return is lower" in text
+    assert "Not matched: initialisation." in text and "rejax 0.1.3" in text
+    assert "rejax_ppo" in report.STUDY_ORDER
+
+
 # --- MJX: playground:<name> and brax:<name>@mjx ---------------------------------------------------------------------
 
 

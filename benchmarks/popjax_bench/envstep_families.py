@@ -10,6 +10,12 @@ Both sides run one compiled ``lax.scan`` of ``steps`` steps of ``n`` envs with t
 - ``playground:``: ``mujoco_playground.wrapper.wrap_for_brax_training`` (vmap, episode length, auto-reset);
 - ``brax:``: ``brax.envs.wrappers.training.wrap`` (the same wrappers in brax).
 
+Each side's scan carries everything its step returns (popjax: the vec env state and the ``StepOutput``; gymnax:
+observation, state, reward, flags and info; jumanji: state and ``TimeStep``; brax / playground: the ``State``), so
+the compiler drops nothing a learner would read: a carry of the env state alone lets XLA skip the package's
+observation, which the adapter must compute. jumanji's wrapper keeps the episode's last observation
+(``next_obs_in_extras=True``), as popjax's ``StepOutput.next_obs`` and gymnax's ``info["final_observation"]`` do.
+
 ``steps_per_s`` = ``n * steps / median call time``; ``ratio`` = adapter / package (1.0: the adapter costs nothing).
 """
 
@@ -19,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from popjax_bench import common
 
@@ -29,21 +36,27 @@ def _random_action(spec, key, n):
     return jax.random.uniform(key, (n, spec.action_dim), minval=-1.0, maxval=1.0)
 
 
+def _carrying_outputs(reset, step, state_of):
+    """``(init(key) -> outputs, step(key, outputs) -> outputs)``: a scan whose carry is everything ``step``
+    returns (``state_of(outputs)`` is the env state the next step reads), so nothing it computes is dropped."""
+    return (lambda key: step(key, reset(key))), (lambda key, outputs: step(key, state_of(outputs)))
+
+
 def adapter(name: str, n: int):
-    """``(spec, init(key) -> state, step(key, state) -> state)`` of popjax's vec env of ``name``."""
+    """``(spec, init(key) -> carry, step(key, carry) -> carry)`` of popjax's vec env of ``name``."""
     from popjax.envs import registry
     from popjax.envs.base import make_vec_env
 
     vec = make_vec_env(registry.make_jax_env(name))
 
     def step(key, state):
-        return vec.step(key, state, _random_action(vec.spec, jax.random.fold_in(key, 1), n))[0]
+        return vec.step(key, state, _random_action(vec.spec, jax.random.fold_in(key, 1), n))
 
-    return vec.spec, lambda key: vec.reset(key, n), step
+    return (vec.spec, *_carrying_outputs(lambda key: vec.reset(key, n), step, lambda out: out[0]))
 
 
 def native(name: str, n: int):
-    """``(init(key) -> state, step(key, state) -> state)`` of the package's own vmapped auto-resetting step."""
+    """``(init(key) -> carry, step(key, carry) -> carry)`` of the package's own vmapped auto-resetting step."""
     from popjax.envs import registry
     from popjax.envs.base import to_native
 
@@ -63,18 +76,19 @@ def native(name: str, n: int):
             params = env.default_params
         reset = jax.vmap(env.reset, in_axes=(0, None))
         stepper = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-        return (lambda key: reset(keys(key), params)[1],
-                lambda key, state: stepper(keys(key), state, act(key), params)[1])
+        return _carrying_outputs(lambda key: reset(keys(key), params)[1],
+                                 lambda key, state: stepper(keys(key), state, act(key), params), lambda out: out[1])
     if prefix == "jumanji":
         import jumanji
         from jumanji.wrappers import AutoResetWrapper
 
         from popjax.envs.jumanji import _actions
 
-        env = AutoResetWrapper(jumanji.make(env_id))
+        env = AutoResetWrapper(jumanji.make(env_id), next_obs_in_extras=True)
         to_env = _actions(name, env.action_spec)[1]
-        return (lambda key: jax.vmap(env.reset)(keys(key))[0],
-                lambda key, state: jax.vmap(env.step)(state, jax.vmap(to_env)(act(key)))[0])
+        return _carrying_outputs(lambda key: jax.vmap(env.reset)(keys(key))[0],
+                                 lambda key, state: jax.vmap(env.step)(state, jax.vmap(to_env)(act(key))),
+                                 lambda out: out[0])
     if prefix == "playground":
         from mujoco_playground import wrapper
 
@@ -94,18 +108,18 @@ def native(name: str, n: int):
     return lambda key: env.reset(keys(key)), lambda key, state: env.step(state, act(key))
 
 
-def _time(init, step, n: int, steps: int, opts) -> dict[str, Any]:
+ROUNDS = 3  # the two sides' timed calls alternate in this many rounds: a shared machine's load shifts over minutes
+
+
+def _compile(init, step, steps: int, opts):
+    """``(compile_s, call() -> carry)``: one compiled scan of ``steps`` steps, each call continuing the last."""
     def scan(state, key):
         return jax.lax.scan(lambda s, t: (step(jax.random.fold_in(key, t), s), None), state, jnp.arange(steps))[0]
 
-    program = jax.jit(scan)
     key = jax.random.key(opts.seed)
     state = common.block(jax.jit(init)(key))
-    import time
-
-    start = time.perf_counter()
-    compiled = program.lower(state, key).compile()
-    compile_s = time.perf_counter() - start
+    with common.Stopwatch() as watch:
+        compiled = jax.jit(scan).lower(state, key).compile()
     holder = {"state": state, "i": 0}
 
     def call():
@@ -113,15 +127,21 @@ def _time(init, step, n: int, steps: int, opts) -> dict[str, Any]:
         holder["state"] = compiled(holder["state"], jax.random.fold_in(key, holder["i"]))
         return holder["state"]
 
-    timing = common.time_calls(call, warmup=1, min_repeats=opts.repeats, min_time=opts.min_time)
-    return {"compile_s": compile_s, "timing": timing, "steps_per_s": n * steps / timing["median_s"]}
+    return watch.seconds, call
 
 
 def family_row(name: str, n: int, steps: int, opts) -> dict[str, Any]:
     """One ``--family`` row: the adapter's and the package's steps/s for ``n`` envs."""
     spec, init, step = adapter(name, n)
-    ours = _time(init, step, n, steps, opts)
-    theirs = _time(*native(name, n), n, steps, opts)
+    sides = {"adapter": _compile(init, step, steps, opts), "package": _compile(*native(name, n), steps, opts)}
+    times = {side: [] for side in sides}
+    for _ in range(ROUNDS):
+        for side, (_, call) in sides.items():
+            timing = common.time_calls(call, warmup=1, min_repeats=max(1, -(-opts.repeats // ROUNDS)),
+                                       min_time=opts.min_time / ROUNDS)
+            times[side] += timing["times_s"]
+    ours, theirs = ({"compile_s": sides[side][0], "timing": common.summarize(times[side]),
+                     "steps_per_s": n * steps / float(np.median(times[side]))} for side in sides)
     return {"steps_per_call": steps, "adapter": ours, "package": theirs,
             "steps_per_s": ours["steps_per_s"], "package_steps_per_s": theirs["steps_per_s"],
             "ratio": ours["steps_per_s"] / theirs["steps_per_s"],

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from popjax_bench import REPORT_HEADING, arithmetic, report_gpu, report_sweeps
+from popjax_bench import REPORT_HEADING, arithmetic, report_gpu, report_rejax, report_sweeps
 from popjax_bench import options as opt
 
 STUDY = "report"
@@ -39,7 +39,8 @@ def main(options: Options) -> Path:
 
 
 STUDY_ORDER = ("update", "roofline", "compile", "envstep", "train", "frontier", "shared_critic", "drivers", "per",
-               "spo", "hts", "sparse_inference", "sweep_walltime", "sweep_quality", "sweep_pruning")
+               "spo", "hts", "sparse_inference", "sweep_walltime", "sweep_quality", "sweep_pruning",
+               "rejax_ppo")
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -877,7 +878,7 @@ def render(data: dict[str, list[dict[str, Any]]], analysis: str | None = None,
                 "shared_critic": section_shared_critic,
                 "drivers": section_drivers, "per": section_per, "spo": section_spo, "hts": section_hts,
                 "sparse_inference": section_sparse_inference, "sweep_walltime": section_sweep_walltime,
-                **report_sweeps.SECTIONS}
+                **report_sweeps.SECTIONS, **report_rejax.SECTIONS}
     for study in STUDY_ORDER:
         for payload in data.get(study, []):
             if study == "update" and report_gpu.on_accelerator(payload):
