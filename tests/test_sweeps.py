@@ -203,7 +203,7 @@ def _bad_space(tmp_path, space):
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case, expected):
     spaces = {"unknown_hparam": {"foo": {"low": 0, "high": 1}},
               "empty_range": {"actor_lr": {"type": "float", "low": 1e-2, "high": 1e-4}},
-              "structural": {"hidden": {"type": "categorical", "choices": [8, 16]}}}
+              "structural": {"hidden": {"low": 8, "high": 16}}}  # a static option takes a list of choices
     args = _bad_space(tmp_path, spaces[case]) if case in spaces else {
         "storage": ["--storage", "nosuchdb://x/y"], "sampler": ["--sampler", "annealing"],
         "pruner": ["--pruner", "patient"]}[case]
@@ -371,3 +371,30 @@ def test_a_bad_top_is_refused_before_anything_is_written(tmp_path, top, seeds, e
     with pytest.raises(ConfigError, match=expected):
         sweep(out_dir=tmp_path / "s", pop_size=2, n_trials=2, top=top, top_seeds=seeds, **TINY)
     assert not (tmp_path / "s").exists()
+
+
+def test_a_static_option_trains_one_population_per_value_compiled_once_each(tmp_path):
+    """hidden over two choices: the trials of each value train in a population of its own (the networks have the
+    trial's widths), each population's programs traced once, and best.yaml puts hidden in learner_config."""
+    from popjax.config import make_config
+    from popjax.sweeps.space import decode
+
+    recorder = Recorder()
+    space = {"actor_lr": SPACE["actor_lr"], "hidden": {"type": "categorical", "choices": [[8], [16, 16]]}}
+    result = sweep(out_dir=tmp_path / "s", pop_size=2, n_trials=4, search_space=space, instrument=recorder, **TINY)
+    trials = result.study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    assert [decode(t.params["hidden"]) for t in trials] == [[8], [8], [16, 16], [16, 16]]  # one group, then the next
+    widths = [{leaf.shape[-1] for leaf in jax.tree.leaves(r["after"][0].actor) if leaf.ndim == 3}
+              for r in recorder.refills]
+    assert widths == [{8, 1}, {16, 1}]  # kernels [pop, in, out]: hidden widths and the 1-d pendulum action
+    assert set(result.traces.values()) == {1} and {k.rpartition("@")[2] for k in result.traces} == {"0", "1"}
+    best = max(trials, key=lambda t: t.value)
+    options = cli._load_yaml(tmp_path / "s" / "best.yaml")
+    assert options["learner_config"]["hidden"] == decode(best.params["hidden"])
+    assert options["hparams"] == {"actor_lr": best.params["actor_lr"]}
+    assert list(make_config(**options).learner_config["hidden"]) == decode(best.params["hidden"])
+    saved = cli._load_yaml(tmp_path / "s" / "sweep.yaml")
+    assert saved["static"] == {"hidden": [[8], [16, 16]]} and set(saved["search_space"]) == {"actor_lr"}
+    again = resume_sweep(tmp_path / "s")  # finished: both groups are done, nothing trains
+    assert len(again.study.get_trials()) == 4 and again.traces == {}

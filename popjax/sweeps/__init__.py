@@ -6,7 +6,8 @@ lives in Optuna's RDB storage: ``<dir>/study.db`` (SQLite) unless ``storage`` na
 several processes may share. The sweep directory holds ``sweep.yaml`` (what ``resume_sweep`` reads), the study,
 and at the end trials.csv, best.yaml, importances.json and plots/ (``popjax.sweeps.outputs``); with ``top``, the
 best trials retrained as run directories in top/ and ``popjax compare`` over them in compare/
-(``popjax.sweeps.top``).
+(``popjax.sweeps.top``). A static option searched over a list of values (``popjax.sweeps.space``) gives one
+population per combination of values, each compiled once and run in turn, ``n_trials`` shared out between them.
 
 Resume after a kill: the trials that were running are told FAIL and their params re-queued (``enqueue_trial``),
 so each is trained again from its start. They cannot continue: a member's state lives only in the population
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,15 @@ from popjax.presets import apply_preset
 from popjax.rundir import RunLock
 from popjax.sweeps.options import SweepOptions, make_pruner, make_sampler, require_optuna
 from popjax.sweeps.scheduler import OWNER, finished_here, run_trials
-from popjax.sweeps.space import as_plain, distributions, resolve_space
+from popjax.sweeps.space import (
+    as_plain,
+    combinations,
+    distributions,
+    encode,
+    resolve_space,
+    split_static,
+    static_distributions,
+)
 from popjax.sweeps.top import TopResult, check_top, retrain_top
 
 SWEEP_FILE = "sweep.yaml"  # marks a sweep directory popjax created
@@ -92,6 +102,7 @@ def sweep(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str |
     learner = raw.get("learner", "td3")
     if learner not in LEARNERS:
         make_config(**raw)  # the usual one-line refusal of an unknown learner
+    space_arg, static = split_static(space_arg, learner, LEARNERS[learner], _config_fields(learner))
     plain = as_plain(resolve_space(space_arg, learner, LEARNERS[learner], static_fields=_static_fields(learner)))
     preset = apply_preset({**raw, "search_space": plain})  # preset hparams leave the searched ones alone
     preset.pop("search_space")
@@ -100,6 +111,7 @@ def sweep(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str |
     opts = _sweep_options(n_trials or run_config.pop_size, sampler, pruner, objective, last_k, storage, study,
                           run_config)
     _check_cadence(run_config)
+    groups = _groups(run_config, static)  # every combination's config checked before anything is written
     out = Path(out_dir)
     _check_new_sweep(out)
     check_top(out, top, top_seeds)
@@ -108,15 +120,15 @@ def sweep(config: RunConfig | Mapping[str, Any] | None = None, *, out_dir: str |
     external = _open_storage(opts.storage) if opts.storage is not None else None  # before anything is written
     from popjax.sweeps.slots import SlotPopulation
 
-    population = SlotPopulation(run_config, instrument)  # builds and checks the run; writes nothing
+    population = SlotPopulation(groups[0][1], instrument)  # builds and checks the run; writes nothing
     with RunLock(out):
         saved = {"sweep_id": sweep_id, "config": run_config.to_dict(),
                  "sweep": {**dataclasses.asdict(opts), "sampler": _name(sampler), "pruner": _name(pruner)},
-                 "search_space": as_plain(space)}
+                 "search_space": as_plain(space), "static": {k: list(v) for k, v in static.items()}}
         _write_yaml(out / SWEEP_FILE, saved)
         storage_ = external if external is not None else _open_storage(_default_storage(out))
-        return _run(storage_, population, opts, space, sweep_id, out, sampler, pruner, on_trial,
-                    top=(top, top_seeds, compile_cache))
+        return _run(storage_, _Groups(run_config, groups, population, instrument), opts, space, static, sweep_id,
+                    out, sampler, pruner, on_trial, top=(top, top_seeds, compile_cache))
 
 
 def resume_sweep(out_dir: str | Path, *, sampler: Any = None, pruner: Any = None,
@@ -134,6 +146,8 @@ def resume_sweep(out_dir: str | Path, *, sampler: Any = None, pruner: Any = None
     run_config = make_config(**saved["config"])
     learner_def = LEARNERS[run_config.learner]
     space = resolve_space(saved["search_space"], run_config.learner, learner_def, fixed=tuple(run_config.hparams))
+    static = {k: tuple(v) for k, v in (saved.get("static") or {}).items()}
+    groups = _groups(run_config, static)
     stored = dict(saved["sweep"])
     for name, given in (("sampler", sampler), ("pruner", pruner)):
         if given is None and stored[name].startswith("object:"):
@@ -148,11 +162,12 @@ def resume_sweep(out_dir: str | Path, *, sampler: Any = None, pruner: Any = None
 
     with RunLock(out):  # a sweep still writing this directory is refused here
         storage_ = _open_storage(opts.storage if opts.storage is not None else _default_storage(out))
-        population = SlotPopulation(run_config, instrument)
+        population = SlotPopulation(groups[0][1], instrument)  # checks the run before the study is touched
         study_ = _study(storage_, opts, sampler, pruner, run_config)
         requeue_interrupted(study_, saved["sweep_id"])
-        return _run(storage_, population, opts, space, saved["sweep_id"], out, sampler, pruner, on_trial,
-                    study_=study_, top=(top, top_seeds, compile_cache))
+        return _run(storage_, _Groups(run_config, groups, population, instrument), opts, space, static,
+                    saved["sweep_id"], out, sampler, pruner, on_trial, study_=study_,
+                    top=(top, top_seeds, compile_cache))
 
 
 def requeue_interrupted(study, sweep_id: str) -> list[int]:
@@ -168,21 +183,76 @@ def requeue_interrupted(study, sweep_id: str) -> list[int]:
     return [t.number for t in stale]
 
 
-def _run(storage, population, opts: SweepOptions, space, sweep_id: str, out: Path, sampler, pruner, on_trial,
-         study_=None, top: tuple = (0, 4, None)) -> SweepResult:
-    from popjax.sweeps.outputs import write_outputs
+@dataclasses.dataclass
+class _Groups:
+    """The sweep's run config; one ``(static values, run config)`` per combination of static options
+    (``[({}, config)]`` without any); the first group's population when it was built already (to check the run)."""
 
-    config = population.config
+    base: RunConfig
+    members: list[tuple[dict[str, Any], RunConfig]]
+    first: Any
+    instrument: Any
+
+
+def _groups(config: RunConfig, static: Mapping[str, tuple]) -> list[tuple[dict[str, Any], RunConfig]]:
+    """Each combination of static values with the run config that trains it (checked by ``make_config``)."""
+    if not static:
+        return [({}, config)]
+    base = config.to_dict()
+    return [(combo, make_config(**{**base, "learner_config": {**(base.get("learner_config") or {}), **combo}}))
+            for combo in combinations(static)]
+
+
+def _targets(n_trials: int, groups: int) -> list[int]:
+    """The finished trials this sweep counts once each group is done: ``n_trials`` shared out, the first groups
+    taking the remainder (group g runs until the sweep has finished ``targets[g]``)."""
+    shares = [n_trials // groups + (g < n_trials % groups) for g in range(groups)]
+    return [sum(shares[:g + 1]) for g in range(groups)]
+
+
+def _run(storage, groups: _Groups, opts: SweepOptions, space, static, sweep_id: str, out: Path, sampler, pruner,
+         on_trial, study_=None, top: tuple = (0, 4, None)) -> SweepResult:
+    """Runs the groups one after another, each in a population of its own (compiled once), trials asked with the
+    group's static values fixed (Optuna's ``PartialFixedSampler`` around the sweep's sampler)."""
+    from popjax.sweeps.outputs import write_outputs
+    from popjax.sweeps.slots import SlotPopulation
+
+    optuna = require_optuna()
+    config = groups.base
+    traces: dict[str, int] = {}
     try:
         if study_ is None:
             study_ = _study(storage, opts, sampler, pruner, config)
-        run_trials(study_, population, opts, distributions(space), sweep_id, on_trial)
+        base_sampler, dists = study_.sampler, {**distributions(space), **static_distributions(static)}
+        targets = _targets(opts.n_trials, len(groups.members))
+        for index, ((combo, group_config), target) in enumerate(zip(groups.members, targets, strict=True)):
+            if finished_here(study_, sweep_id) >= target:  # a resumed sweep: this group is done
+                if index == 0 and groups.first is not None:
+                    groups.first.close()
+                    groups.first = None
+                continue
+            if index == 0 and groups.first is not None:  # built to check the run: group 0's
+                population, groups.first = groups.first, None
+            else:
+                population = SlotPopulation(group_config, groups.instrument)
+            fixed = {name: encode(value) for name, value in combo.items()}
+            with warnings.catch_warnings():  # experimental since Optuna 2.4, unchanged since
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study_.sampler = optuna.samplers.PartialFixedSampler(fixed, base_sampler) if fixed else base_sampler
+            try:
+                run_trials(study_, population, dataclasses.replace(opts, n_trials=target), dists, sweep_id,
+                           on_trial, fixed)
+            finally:
+                population.close()
+                study_.sampler = base_sampler
+            traces.update({name if not static else f"{name}@{index}": n for name, n in population.traces.items()})
     finally:
-        population.close()
+        if groups.first is not None:  # built to check the run, never used (an error came first)
+            groups.first.close()
     written = write_outputs(study_, out, config.to_dict(), sweep_id)
     k, seeds, cache = top
     retrained = retrain_top(study_, config.to_dict(), out, k, seeds, cache) if k else None
-    return SweepResult(out, study_, population.traces, written, retrained)
+    return SweepResult(out, study_, traces, written, retrained)
 
 
 def _study(storage, opts: SweepOptions, sampler, pruner, config: RunConfig):
@@ -205,6 +275,14 @@ def _sweep_options(n_trials, sampler, pruner, objective, last_k, storage, study,
 
 def _name(obj: Any) -> str:
     return obj if isinstance(obj, str) else f"object:{type(obj).__name__}"
+
+
+def _config_fields(learner: str) -> tuple[str, ...]:
+    """The learner config's own options (those the run sets, such as batch_size, are run options)."""
+    from popjax.config import RunConfig as _RunConfig
+
+    run = {f.name for f in dataclasses.fields(_RunConfig)}
+    return tuple(f.name for f in dataclasses.fields(LEARNERS[learner].config_cls) if f.name not in run)
 
 
 def _static_fields(learner: str) -> tuple[str, ...]:

@@ -13,7 +13,10 @@ from typing import Any
 
 import yaml
 
+from popjax.learners import LEARNERS
+from popjax.population.hparams import hparam_bounds
 from popjax.sweeps.scheduler import OWNER
+from popjax.sweeps.space import decode
 
 TRAINING_ONLY = ("search_space", "progress")  # options of the sweep's config that the best trial's config drops
 
@@ -48,10 +51,14 @@ def _trials_csv(trials, path: Path) -> Path:
 
 def trial_options(config: Mapping[str, Any], params: Mapping[str, Any], pop_size: int = 1) -> dict[str, Any]:
     """The ``popjax train`` options of a trial: the sweep's run config with the trial's hparams over ``pop_size``
-    members (each its own seed stream)."""
+    members (each its own seed stream); its static options (params that are no hparam) go to ``learner_config``."""
+    traced = set(hparam_bounds(LEARNERS[config["learner"]].hparams_cls))
     options = {k: v for k, v in config.items() if k not in TRAINING_ONLY}
     options["pop_size"] = pop_size
-    options["hparams"] = {**dict(options.get("hparams") or {}), **params}
+    options["hparams"] = {**dict(options.get("hparams") or {}), **{k: v for k, v in params.items() if k in traced}}
+    static = {k: decode(v) for k, v in params.items() if k not in traced}
+    if static:
+        options["learner_config"] = {**dict(options.get("learner_config") or {}), **static}
     return options
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from popjax.loop import crossed
 from popjax.sweeps.options import SweepOptions, objective_value
-from popjax.sweeps.slots import SlotPopulation
+from popjax.sweeps.slots import SlotPopulation, values_of
 
 OWNER = "popjax_sweep"  # user attribute: the id of the sweep (directory) that runs a trial
 
@@ -47,8 +47,10 @@ def finished_here(study, sweep_id: str) -> int:
 
 
 def run_trials(study, population: SlotPopulation, options: SweepOptions, distributions: Mapping[str, Any],
-               sweep_id: str, on_trial: Callable[[Any, str, float], None] | None = None) -> None:
-    """Runs trials until ``options.n_trials`` of this sweep are finished."""
+               sweep_id: str, on_trial: Callable[[Any, str, float], None] | None = None,
+               fixed: Mapping[str, Any] | None = None) -> None:
+    """Runs trials until ``options.n_trials`` of this sweep are finished. ``fixed``: the static values (encoded)
+    the population was built with; every trial asked must carry them (the study's sampler fixes them)."""
     from optuna.trial import TrialState
 
     config = population.config
@@ -64,11 +66,16 @@ def run_trials(study, population: SlotPopulation, options: SweepOptions, distrib
         assignments = {}
         for slot in free:
             trial = study.ask(dict(distributions))
+            wrong = {k: trial.params.get(k) for k, v in (fixed or {}).items() if trial.params.get(k) != v}
+            if wrong:  # e.g. a re-queued trial of another group: it cannot train in this population
+                study.tell(trial, state=TrialState.FAIL)
+                raise RuntimeError(f"trial {trial.number} asks for {wrong}, but this population was built with "
+                                   f"{fixed}")
             for key, value in {OWNER: sweep_id, "slot": slot, "generation": generation,
                                "refilled": not new_generation, "start_env_steps": steps}.items():
                 trial.set_user_attr(key, value)
             slots[slot] = Running(trial, steps, updates)
-            assignments[slot] = (trial.number, {n: float(v) for n, v in trial.params.items()})
+            assignments[slot] = (trial.number, values_of(trial.params, population.names))  # static ones: fixed
         return assignments
 
     def finish(slot: int, state, value: float) -> None:

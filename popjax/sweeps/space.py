@@ -8,13 +8,17 @@ distribution in words::
     policy_delay: {type: int, low: 1, high: 5}
     discount: {type: categorical, choices: [0.95, 0.98, 0.99]}
 
-Every name must be one of the learner's traced hparams (they change per member without recompiling); a static
-option that sets array shapes (``hidden``, ``n_step``, ...) is refused in one line naming the traced ones.
+Every name must be one of the learner's traced hparams (they change per member without recompiling), or a static
+option of the learner's config (``hidden``, ``n_step``, ...: it sets array shapes or the compiled program) given
+as a list of choices: ``hidden: {choices: [[64, 64], [256, 256]]}``. Each combination of static values trains in a
+population of its own (``split_static``); a static option given as a range, or a run option, is refused in one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +55,56 @@ def resolve_space(space: str | Mapping[str, Any] | None, learner: str, learner_d
                               f"(allowed: {', '.join(traced)}) or run one sweep per {name}")
     return validate_space({name: popjax_range(name, spec) for name, spec in space.items()}, learner_def.hparams_cls,
                           fixed=fixed)
+
+
+def split_static(space: str | Mapping[str, Any] | None, learner: str, learner_def,
+                 config_fields: tuple[str, ...]) -> tuple[Any, dict[str, tuple]]:
+    """``(traced part of space, {static option: choices})``: the entries naming a field of the learner's config
+    (``config_fields``) leave the space; each must be ``{choices: [...]}`` (Optuna's words or popjax's) of distinct
+    values. A name or None (a named space) has no static part."""
+    if not isinstance(space, Mapping):
+        return space, {}
+    traced = tuple(hparam_bounds(learner_def.hparams_cls))
+    static = {}
+    for name, spec in space.items():
+        if name in traced or name not in config_fields:
+            continue
+        choices = spec.get("choices") if isinstance(spec, Mapping) else None
+        extra = set(spec) - {"choices", "type"} if isinstance(spec, Mapping) else set()
+        if (not isinstance(choices, list) or not choices or extra
+                or (isinstance(spec, Mapping) and spec.get("type", "categorical") != "categorical")):
+            raise ConfigError(f"search_space.{name}: a static option of {learner} (it sets array shapes or the "
+                              "compiled program) is searched over a list of values, one population each (allowed: "
+                              f"{{choices: [...]}}), got {spec!r}")
+        if len({encode(v) for v in choices}) < len(choices):
+            raise ConfigError(f"search_space.{name}.choices: a value is given twice ({choices!r})")
+        static[name] = tuple(choices)
+    return {k: v for k, v in space.items() if k not in static}, static
+
+
+def combinations(static: Mapping[str, tuple]) -> list[dict[str, Any]]:
+    """Every combination of static values (one population each), in the order given: ``[{}]`` without any."""
+    names = list(static)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(static[n] for n in names))]
+
+
+def encode(value: Any) -> Any:
+    """A static value as an Optuna categorical choice (a number or string as it is, a list as its JSON text)."""
+    return value if isinstance(value, (bool, int, float, str)) or value is None else json.dumps(value)
+
+
+def decode(value: Any) -> Any:
+    """``encode``'s inverse (a JSON list or mapping text back to the value)."""
+    if isinstance(value, str) and value[:1] in ("[", "{"):
+        return json.loads(value)
+    return value
+
+
+def static_distributions(static: Mapping[str, tuple]) -> dict[str, Any]:
+    """Optuna's categorical distributions of the static options (their values encoded)."""
+    import optuna.distributions as dist
+
+    return {name: dist.CategoricalDistribution([encode(v) for v in choices]) for name, choices in static.items()}
 
 
 def popjax_range(name: str, spec: Any) -> Any:
