@@ -255,7 +255,9 @@ def _states(db, name="popjax-td3-probe:pendulum"):
 @pytest.mark.processes
 def test_kill_mid_generation_then_resume(tmp_path):
     out = tmp_path / "sweep"
-    proc = subprocess.Popen(_sweep_command(out, "--pop", "2", "--trials", "4", "--steps", "1500"), cwd=tmp_path,
+    # 4,000 env steps a trial: the second generation must outlast a poll of the study (a quiet machine trained
+    # 1,500 in less, and the kill found all four trials complete)
+    proc = subprocess.Popen(_sweep_command(out, "--pop", "2", "--trials", "4", "--steps", "4000"), cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 300
     while time.time() < deadline:  # the second generation is running once two trials completed
@@ -280,7 +282,7 @@ def test_kill_mid_generation_then_resume(tmp_path):
     for n, params in running.items():  # failed, and trained again from their start as new trials
         assert after[n].state.name == "FAIL"
         (again,) = [t for t in after.values() if t.user_attrs.get("requeued_from") == n]
-        assert again.state.name == "COMPLETE" and again.params == params and again.user_attrs["env_steps"] == 1500
+        assert again.state.name == "COMPLETE" and again.params == params and again.user_attrs["env_steps"] == 4000
     assert sum(t.state.name == "COMPLETE" for t in after.values()) == 4  # exactly the requested trials
 
 
