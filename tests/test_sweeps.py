@@ -253,12 +253,20 @@ def _states(db, name="popjax-td3-probe:pendulum"):
 
 @pytest.mark.long
 @pytest.mark.processes
-def test_kill_mid_generation_then_resume(tmp_path):
+@pytest.mark.parametrize("static", [False, True], ids=["traced", "static_hidden"])
+def test_kill_mid_generation_then_resume(tmp_path, static):
+    """static_hidden: hidden over two values, so the second generation is the second group's population; the
+    re-queued trials train in it (their hidden is its own)."""
     out = tmp_path / "sweep"
+    extra = []
+    if static:
+        (tmp_path / "space.yaml").write_text(json.dumps({"actor_lr": SPACE["actor_lr"],
+                                                         "hidden": {"choices": [[8], [16, 16]]}}))
+        extra = ["--space", str(tmp_path / "space.yaml")]
     # 4,000 env steps a trial: the second generation must outlast a poll of the study (a quiet machine trained
     # 1,500 in less, and the kill found all four trials complete)
-    proc = subprocess.Popen(_sweep_command(out, "--pop", "2", "--trials", "4", "--steps", "4000"), cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(_sweep_command(out, "--pop", "2", "--trials", "4", "--steps", "4000", *extra),
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 300
     while time.time() < deadline:  # the second generation is running once two trials completed
         trials = _states(out / "study.db") if (out / "study.db").exists() else []
@@ -273,6 +281,9 @@ def test_kill_mid_generation_then_resume(tmp_path):
     completed = {n: (t.value, t.params) for n, t in before.items() if t.state.name == "COMPLETE"}
     running = {n: t.params for n, t in before.items() if t.state.name == "RUNNING"}
     assert len(completed) == 2 and len(running) == 2
+    if static:  # group 0 done, group 1 killed
+        assert [p["hidden"] for _, p in completed.values()] == ["[8]"] * 2
+        assert [p["hidden"] for p in running.values()] == ["[16, 16]"] * 2
     done = subprocess.run([sys.executable, "-m", "popjax", "sweep", "--resume", str(out), "--no-progress"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
