@@ -214,7 +214,7 @@ def run_sb3(pair: str, seed: int, eval_steps: list[int], eval_seeds: list[list[i
     from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
-    env_id = PAIRS[pair]["env"]
+    env_id = pair_of(pair)["env"]
 
     class Evaluate(BaseCallback):
         def __init__(self):
