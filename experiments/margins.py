@@ -26,6 +26,7 @@ The ranges (``RANGES``; random: uniform random actions, 100 episodes, seeds 123.
 | probe:cartpole, gym:CartPole-v1 | 22.07 | 475 | gymnasium's ``reward_threshold`` for CartPole-v1 |
 | gym:Hopper-v5 | 16.67 | 3800 | gymnasium's ``reward_threshold`` for Hopper-v5 |
 | gym:HalfCheetah-v5 | -276.04 | 4800 | gymnasium's ``reward_threshold`` for HalfCheetah-v5 |
+| gym:InvertedPendulum-v5 | 4.78 | 950 | gymnasium's ``reward_threshold`` for InvertedPendulum-v5 |
 
 (1) -150 is the ReF-ER runs' "solved" constant (``refer_learning.NORMALISE``), within rl-baselines3-zoo's
 benchmark.md (Pendulum: -146 to -202 for trained agents). probe:cartpole is the pure-JAX port of CartPole-v1 (500
@@ -44,6 +45,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "gym:CartPole-v1": (22.07, 475.0),
     "gym:Hopper-v5": (16.67, 3800.0),
     "gym:HalfCheetah-v5": (-276.04, 4800.0),
+    "gym:InvertedPendulum-v5": (4.78, 950.0),  # added for the MuJoCo parity pair, before its data
 }
 CEILING = "held (ceiling)"
 NOT_RUN = "not run"

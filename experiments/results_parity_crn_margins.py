@@ -12,7 +12,8 @@ import verdicts
 from results_core import RESULTS, both_evidence, load, md, mean_sd, num, seeds, table, verdict_text
 
 PARITY = {"td3_pendulum": "TD3, Pendulum-v1", "sac_pendulum": "SAC, Pendulum-v1", "dqn_cartpole": "DQN, CartPole-v1",
-          "ppo_cartpole": "PPO, CartPole-v1", "td3_hopper": "TD3, Hopper-v5 (30k steps)"}
+          "ppo_cartpole": "PPO, CartPole-v1", "td3_hopper": "TD3, Hopper-v5 (30k steps)",
+          "td3_inverted_pendulum": "TD3, InvertedPendulum-v5 (SB3's defaults)"}
 # one named difference changed (``parity_sb3.VARIANTS``): popjax's side against the base pair's SB3 runs, or SB3's
 # side (``sb3_init``) against the base pair's popjax runs
 ABLATIONS = {"ppo_cartpole_halved_value": "PPO, CartPole-v1, popjax's value term halved (vf_coef 0.5)",
@@ -127,7 +128,8 @@ def margin_ranges() -> list[str]:
 SOLVED_SOURCE = {"probe:pendulum": "no gymnasium threshold; the ReF-ER runs' constant, within rl-zoo's trained agents",
                  "gym:Pendulum-v1": "as probe:pendulum", "probe:cartpole": "CartPole-v1's (the probe is its port)",
                  "gym:CartPole-v1": "gymnasium `reward_threshold`", "gym:Hopper-v5": "gymnasium `reward_threshold`",
-                 "gym:HalfCheetah-v5": "gymnasium `reward_threshold`"}
+                 "gym:HalfCheetah-v5": "gymnasium `reward_threshold`",
+                 "gym:InvertedPendulum-v5": "gymnasium `reward_threshold`"}
 
 
 # --- the scoreboard's evidence (results.py's EVIDENCE) -------------------------------------------------------------
