@@ -138,9 +138,13 @@ def test_parity_runs_share_evaluation_points_and_settings_with_the_presets():
         assert record["sb3"]["settings"] == json.loads(json.dumps(parity_sb3.sb3_settings(pair)))
         assert record["popjax"]["preset"] == json.loads(json.dumps(parity_sb3.preset(pair)))
     for ablation in results_parity_crn_margins.parity_pairs(results_parity_crn_margins.ABLATIONS):
-        record = results.load(f"parity_sb3/{ablation}.json")  # its own settings, its base pair's SB3 runs
-        assert record["popjax"]["preset"] == json.loads(json.dumps(parity_sb3.preset(ablation))) != \
-            results.load(f"parity_sb3/{record['variant']['base']}.json")["popjax"]["preset"]
+        record = results.load(f"parity_sb3/{ablation}.json")
+        base = results.load(f"parity_sb3/{record['variant']['base']}.json")
+        if "sb3_init" in record["variant"]:  # new SB3 runs at the base's settings against the base's popjax runs
+            assert record["popjax"] == base["popjax"] and record["sb3"]["settings"] == base["sb3"]["settings"]
+        else:  # popjax's own settings against the base pair's SB3 runs
+            assert record["popjax"]["preset"] == json.loads(json.dumps(parity_sb3.preset(ablation))) != \
+                base["popjax"]["preset"]
 
 
 def test_the_parity_prose_figures_come_from_the_json():
@@ -163,6 +167,11 @@ def test_the_parity_prose_figures_come_from_the_json():
     assert f"(speed\n  {text(speed)}, t [−51.0, 0.8]" in section and t == "; t [-51.0, 0.8]"
     speed, t = diff("ppo_cartpole", "speed")
     assert f"popjax's speed is {text(speed)} (t [−33.8, 10.4])" in section and t == "; t [-33.8, 10.4]"
+    speed, t = diff("dqn_cartpole_sb3_lecun_init", "speed")
+    assert f"(popjax − SB3 {text(speed)}, t [−52.0, 60.4])" in section and t == "; t [-52.0, 60.4]"
+    sb3_own = results_parity_crn_margins.parity_scores("dqn_cartpole")["speed"][1]
+    sb3_lecun = results_parity_crn_margins.parity_scores("dqn_cartpole_sb3_lecun_init")["speed"][1]
+    assert f"moves SB3's mean speed by {text(float(np.mean(sb3_lecun - sb3_own)))}" in section
     final = results_parity_crn_margins.parity_scores("dqn_cartpole")["final"]
     assert f"finals\n  from {min(map(min, final)):.0f} to {max(map(max, final)):.0f}" in section
 
