@@ -54,7 +54,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--out", default=None, help="the PBT run's folder (default runs/eval_crn_pbt[_<steps>])")
     args = parser.parse_args()
-    args.out = args.out or ("runs/eval_crn_pbt" if args.steps == 8_000 else f"runs/eval_crn_pbt_{args.steps}")
+    name = "eval_crn_pbt" if args.steps == 8_000 else f"eval_crn_pbt_{args.steps}"  # the run folder's and JSON's
+    args.out = args.out or f"runs/{name}"
     started = time.time()
     run = popjax.train(learner="td3", env="probe:pendulum", driver="pbt", pop_size=POP, seed=0, preset="none",
                        total_env_steps=args.steps, warmup_steps=1_000, eval_interval=1_000, eval_episodes=EPISODES,
@@ -93,7 +94,6 @@ def main() -> None:
               "run_final_returns": run.summary["final_returns"], "reference_fitness": reference.tolist(),
               "fitness": {k: v.tolist() for k, v in fitness.items()}, "summary": summary,
               "total_s": round(time.time() - started, 1)}
-    name = "eval_crn_pbt" if args.steps == 8_000 else f"eval_crn_pbt_{args.steps}"
     (HERE / "results" / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(summary, indent=1), flush=True)
 

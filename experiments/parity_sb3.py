@@ -154,8 +154,8 @@ def run_popjax(pair: str, seeds: int, steps: int | None = None) -> dict:
         budget = {k: pre[k] for k in ("total_env_steps", "warmup_steps") if k in pre}
         if "preset" in p:  # settings of the pair's own (no library preset for the env): all given
             budget = dict(pre)
-        budget.update({part: VARIANTS[pair][part] for part in ("hparams", "learner_config")
-                       if part in VARIANTS.get(pair, {})})  # merged key by key into the preset's
+        budget.update({part: pre[part] for part in ("hparams", "learner_config")
+                       if part in VARIANTS.get(pair, {})})  # the variant's, as ``preset`` merged them
         run = popjax.train(learner=p["learner"], env=f"gym:{p['env']}", driver="independent", pop_size=seeds, seed=0,
                            preset="auto", **budget, eval_interval=p["eval_interval"], eval_episodes=p["eval_episodes"],
                            eval_starts="common", checkpoint_interval=0, progress=False, out_dir=out, overwrite=True)

@@ -108,7 +108,7 @@ def eval_crn_pbt() -> list[str]:
                      f"reference fitness (every episode of both protocols): {seeds(d['reference_fitness'])}.")
     if not rows:
         return ["Not run yet."]
-    d = load("eval_crn_pbt.json")
+    # the header's counts from the last run read (every run evaluates the same reps x episodes)
     return md(["population", f"evaluation ({d['reps']} evaluations of {d['eval_episodes']} episodes per member)",
                "SD of f_i − f_j (mean over the 28 pairs)", "SD of f_i (mean over members)",
                "exploit choice changes between consecutive evaluations",
