@@ -277,19 +277,17 @@ def _name(obj: Any) -> str:
     return obj if isinstance(obj, str) else f"object:{type(obj).__name__}"
 
 
+def _run_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
 def _config_fields(learner: str) -> tuple[str, ...]:
     """The learner config's own options (those the run sets, such as batch_size, are run options)."""
-    from popjax.config import RunConfig as _RunConfig
-
-    run = {f.name for f in dataclasses.fields(_RunConfig)}
-    return tuple(f.name for f in dataclasses.fields(LEARNERS[learner].config_cls) if f.name not in run)
+    return tuple(f.name for f in dataclasses.fields(LEARNERS[learner].config_cls) if f.name not in _run_fields())
 
 
 def _static_fields(learner: str) -> tuple[str, ...]:
-    from popjax.config import RunConfig as _RunConfig
-
-    return (tuple(f.name for f in dataclasses.fields(LEARNERS[learner].config_cls))
-            + tuple(f.name for f in dataclasses.fields(_RunConfig)))
+    return tuple(f.name for f in dataclasses.fields(LEARNERS[learner].config_cls)) + _run_fields()
 
 
 def _check_cadence(config: RunConfig) -> None:
