@@ -310,6 +310,53 @@ def test_two_processes_share_one_sqlite_study(tmp_path):
     assert len(trials) == 4 and len(owners) == 2 and all(t.state.name == "COMPLETE" for t in trials)
 
 
+def _open_after(barrier, url, results):
+    from popjax.sweeps import _open_storage
+
+    barrier.wait()
+    try:
+        _open_storage(url)
+        results.put("ok")
+    except ConfigError as err:
+        results.put(str(err))
+
+
+@pytest.mark.processes
+def test_processes_opening_one_new_database_at_once_all_succeed(tmp_path):
+    """Released together onto a new SQLite file, each process creates the schema; without the retry about a third
+    of them failed ("table studies already exists", a duplicate alembic version)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    outcomes = []
+    for round_ in range(6):
+        url, barrier, results = f"sqlite:///{tmp_path / f'r{round_}.db'}", ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=_open_after, args=(barrier, url, results)) for _ in range(4)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=120)
+        outcomes += [results.get(timeout=5) for _ in procs]
+    assert outcomes == ["ok"] * 24
+
+
+def test_a_storage_that_is_not_a_schema_race_fails_at_once(monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    from popjax.sweeps import _open_storage
+
+    calls = []
+
+    def refuse(url, engine_kwargs):
+        calls.append(url)
+        raise OperationalError("connect", {}, Exception("unable to open database file"))
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", refuse)
+    with pytest.raises(ConfigError, match="^storage: 'sqlite:///x.db' cannot be opened"):
+        _open_storage("sqlite:///x.db")
+    assert len(calls) == 1
+
+
 @pytest.mark.long
 def test_the_guide_sweep_commands_run(tmp_path, monkeypatch, capsys):
     """docs/tuning.md, "Sweeps": the YAML space (block 1) as space.yaml, then the CLI block (block 0) in order with

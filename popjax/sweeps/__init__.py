@@ -19,6 +19,7 @@ touched, so none is counted twice.
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
@@ -327,16 +328,26 @@ def _default_storage(out: Path) -> str:
     return f"sqlite:///{(out / 'study.db').absolute()}"
 
 
-def _open_storage(url: str):
-    """Optuna's RDB storage for ``url`` (SQLite waits up to a minute for another process's write)."""
+def _open_storage(url: str, attempts: int = 10):
+    """Optuna's RDB storage for ``url`` (SQLite waits up to a minute for another process's write).
+
+    Two processes opening a new database both create its tables, and the slower one fails on what the
+    other just made ("table ... already exists", a duplicate schema version); once the schema is whole,
+    opening it again succeeds, so that race is retried.
+    """
     optuna = require_optuna()
-    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine)
-    except (SQLAlchemyError, OSError, ValueError) as err:
-        raise ConfigError(f"storage: {url!r} cannot be opened ({str(err).splitlines()[0]})") from None
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+        except (SQLAlchemyError, OSError, ValueError) as err:
+            lost_schema_race = isinstance(err, IntegrityError) or (
+                isinstance(err, OperationalError) and "already exists" in str(err))
+            if not lost_schema_race or attempt == attempts - 1:
+                raise ConfigError(f"storage: {url!r} cannot be opened ({str(err).splitlines()[0]})") from None
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _use_compile_cache(setting, out: Path) -> None:
