@@ -90,6 +90,8 @@ VARIANTS = {
     # The one TD3 pair popjax trails on the means without a reason. Two differences, each defined before its data:
     # popjax steps 50 env steps between two compiled calls of 50 updates (``rollout_len``), SB3 one step and one
     # update, so popjax's early updates see up to 49 fewer transitions; and the initialisation, as for DQN.
+    # (rollout_len changes which iteration an evaluation falls in, and popjax draws an evaluation's start states from
+    # the iteration's key: that ablation is evaluated on other episodes, so it is compared unpaired, with no verdict.)
     "td3_inverted_pendulum_rollout1": {"base": "td3_inverted_pendulum", "run": {"rollout_len": 1}},
     "td3_inverted_pendulum_sb3_lecun_init": {"base": "td3_inverted_pendulum", "sb3_init": "lecun_normal"},
 }

@@ -19,7 +19,6 @@ PARITY = {"td3_pendulum": "TD3, Pendulum-v1", "sac_pendulum": "SAC, Pendulum-v1"
 ABLATIONS = {"ppo_cartpole_halved_value": "PPO, CartPole-v1, popjax's value term halved (vf_coef 0.5)",
              "dqn_cartpole_single_q": "DQN, CartPole-v1, no double Q, ε ending at 8k env steps",
              "dqn_cartpole_sb3_lecun_init": "DQN, CartPole-v1, SB3 initialised as popjax (LeCun normal, zero biases)",
-             "td3_inverted_pendulum_rollout1": "TD3, InvertedPendulum-v5, popjax updating after every env step",
              "td3_inverted_pendulum_sb3_lecun_init": "TD3, InvertedPendulum-v5, SB3 initialised as popjax"}
 
 
