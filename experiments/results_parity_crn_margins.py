@@ -34,18 +34,31 @@ def parity_scores(pair: str) -> dict:
     ablation: its base pair's SB3 runs, on the same evaluation episodes)."""
     d = load(f"parity_sb3/{pair}.json")
     base = sb3_record(d)
-    pj, steps = d["popjax"], np.asarray(d["popjax"]["eval_steps"])
+    pj = d["popjax"]
     if pj["eval_seeds"] != base["popjax"]["eval_seeds"]:
         raise ValueError(f"parity_sb3/{pair}.json: evaluated on other episodes than its SB3 runs")
-    after = steps >= pj["preset"].get("warmup_steps", 0)
-    popjax = np.asarray([[v for _, v in c] for c in pj["curves"]], dtype=float)
+    popjax = popjax_curves(pj)
     sb3 = np.asarray([[v for _, _, v in r["curve"]] for r in sorted(base["sb3"]["runs"], key=lambda r: r["seed"])],
                      dtype=float)
     if popjax.shape != sb3.shape:
         raise ValueError(f"parity_sb3/{pair}.json: popjax {popjax.shape} and SB3 {sb3.shape} evaluations differ")
+    after = np.asarray(pj["eval_steps"]) >= pj["preset"].get("warmup_steps", 0)
     return {"env": f"gym:{d['env']}", "final": (popjax[:, -3:].mean(1), sb3[:, -3:].mean(1)),
             "speed": (popjax[:, after].mean(1), sb3[:, after].mean(1)), "wall": (pj["wall_s"],
             sum(r["wall_s"] for r in base["sb3"]["runs"])), "load": pj["load_1min_before"], "n": len(popjax)}
+
+
+def popjax_curves(side: dict) -> np.ndarray:
+    """A record's popjax returns, [member, evaluation]."""
+    return np.asarray([[v for _, v in c] for c in side["curves"]], dtype=float)
+
+
+def popjax_only_scores(pair: str) -> dict:
+    """Per member, popjax's final and learning speed alone (an ablation evaluated on other episodes than SB3's runs,
+    which can only be compared unpaired)."""
+    pj = load(f"parity_sb3/{pair}.json")["popjax"]
+    curves, after = popjax_curves(pj), np.asarray(pj["eval_steps"]) >= pj["preset"].get("warmup_steps", 0)
+    return {"final": curves[:, -3:].mean(1), "speed": curves[:, after].mean(1)}
 
 
 def parity_pairs(names: dict[str, str] = PARITY) -> list[str]:

@@ -174,6 +174,21 @@ def test_the_parity_prose_figures_come_from_the_json():
     assert f"moves SB3's mean speed by {text(float(np.mean(sb3_lecun - sb3_own)))}" in section
     final = results_parity_crn_margins.parity_scores("dqn_cartpole")["final"]
     assert f"finals\n  from {min(map(min, final)):.0f} to {max(map(max, final)):.0f}" in section
+    (final, t_final), (speed, t_speed) = (diff("td3_inverted_pendulum", m) for m in ("final", "speed"))
+    assert f"the gap is final {text(final)} (t [−299.1, 232.7]) and speed {text(speed)}\n  (t [−175.5, 137.1])" \
+        in section and (t_final, t_speed) == ("; t [-299.1, 232.7]", "; t [-175.5, 137.1]")
+    final, speed = diff("td3_inverted_pendulum_sb3_lecun_init", "final")[0], diff(
+        "td3_inverted_pendulum_sb3_lecun_init", "speed")[0]
+    assert f"(popjax − SB3 final {text(final)}, speed {text(speed)}, not\n    resolved)" in section
+    own, lecun = (results_parity_crn_margins.parity_scores(p) for p in ("td3_inverted_pendulum",
+                                                                         "td3_inverted_pendulum_sb3_lecun_init"))
+    moves = [text(float(np.mean(lecun[m][1] - own[m][1]))) for m in ("final", "speed")]
+    assert f"moves SB3's mean final by {moves[0]} and its speed by {moves[1]}," in section
+    every_step = results_parity_crn_margins.popjax_only_scores("td3_inverted_pendulum_rollout1")
+    at_50 = results_parity_crn_margins.popjax_only_scores("td3_inverted_pendulum")
+    shown = [f"{np.mean(s[m]):.1f} ± {np.std(s[m], ddof=1):.1f}" for s in (every_step, at_50)
+             for m in ("final", "speed")]
+    assert (f"final {shown[0]} and speed {shown[1]} against {shown[2]}\n    and {shown[3]} at 50" in section)
 
 
 def test_the_crn_prose_figures_come_from_the_json():
