@@ -42,10 +42,10 @@ def parity_scores(pair: str) -> dict:
                      dtype=float)
     if popjax.shape != sb3.shape:
         raise ValueError(f"parity_sb3/{pair}.json: popjax {popjax.shape} and SB3 {sb3.shape} evaluations differ")
-    after = np.asarray(pj["eval_steps"]) >= pj["preset"].get("warmup_steps", 0)
-    return {"env": f"gym:{d['env']}", "final": (popjax[:, -3:].mean(1), sb3[:, -3:].mean(1)),
-            "speed": (popjax[:, after].mean(1), sb3[:, after].mean(1)), "wall": (pj["wall_s"],
-            sum(r["wall_s"] for r in base["sb3"]["runs"])), "load": pj["load_1min_before"], "n": len(popjax)}
+    (pj_final, pj_speed), (sb3_final, sb3_speed) = (run_scores(c, pj) for c in (popjax, sb3))
+    return {"env": f"gym:{d['env']}", "final": (pj_final, sb3_final), "speed": (pj_speed, sb3_speed),
+            "wall": (pj["wall_s"], sum(r["wall_s"] for r in base["sb3"]["runs"])), "load": pj["load_1min_before"],
+            "n": len(popjax)}
 
 
 def popjax_curves(side: dict) -> np.ndarray:
@@ -53,12 +53,19 @@ def popjax_curves(side: dict) -> np.ndarray:
     return np.asarray([[v for _, v in c] for c in side["curves"]], dtype=float)
 
 
+def run_scores(curves: np.ndarray, side: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per run, the final (mean of the last 3 evaluations) and the learning speed (mean over the evaluations at or
+    after ``side``'s warm-up), of returns evaluated at ``side``'s evaluation steps."""
+    after = np.asarray(side["eval_steps"]) >= side["preset"].get("warmup_steps", 0)
+    return curves[:, -3:].mean(1), curves[:, after].mean(1)
+
+
 def popjax_only_scores(pair: str) -> dict:
     """Per member, popjax's final and learning speed alone (an ablation evaluated on other episodes than SB3's runs,
     which can only be compared unpaired)."""
     pj = load(f"parity_sb3/{pair}.json")["popjax"]
-    curves, after = popjax_curves(pj), np.asarray(pj["eval_steps"]) >= pj["preset"].get("warmup_steps", 0)
-    return {"final": curves[:, -3:].mean(1), "speed": curves[:, after].mean(1)}
+    final, speed = run_scores(popjax_curves(pj), pj)
+    return {"final": final, "speed": speed}
 
 
 def parity_pairs(names: dict[str, str] = PARITY) -> list[str]:
